@@ -1,0 +1,51 @@
+//! Chat templates: the model's own Jinja template from its GGUF, rendered with minijinja.
+
+use crate::error::{Error, Result};
+use crate::tokenizer::Tokenizer;
+use serde::Serialize;
+
+#[derive(Serialize)]
+struct Message<'a> {
+    role: &'a str,
+    content: &'a str,
+}
+
+/// Wraps `prompt` as one user turn (after an optional system turn) in the tokenizer's chat
+/// template, ending with the assistant's turn opened.
+pub fn apply(tokenizer: &Tokenizer, system: Option<&str>, prompt: &str) -> Result<String> {
+    let template = tokenizer.chat_template().ok_or_else(|| {
+        Error::ChatTemplate("the model has no chat template (tokenizer.chat_template)".into())
+    })?;
+    let mut env = minijinja::Environment::new();
+    env.add_function(
+        "raise_exception",
+        |msg: String| -> std::result::Result<String, minijinja::Error> {
+            Err(minijinja::Error::new(
+                minijinja::ErrorKind::InvalidOperation,
+                msg,
+            ))
+        },
+    );
+    env.add_template("chat", template)
+        .map_err(|e| Error::ChatTemplate(format!("cannot parse: {e}")))?;
+    let mut messages = Vec::new();
+    if let Some(s) = system {
+        messages.push(Message {
+            role: "system",
+            content: s,
+        });
+    }
+    messages.push(Message {
+        role: "user",
+        content: prompt,
+    });
+    env.get_template("chat")
+        .and_then(|t| {
+            t.render(minijinja::context! {
+                messages => messages,
+                add_generation_prompt => true,
+                bos_token => tokenizer.bos_token().unwrap_or(""),
+            })
+        })
+        .map_err(|e| Error::ChatTemplate(format!("cannot render: {e}")))
+}

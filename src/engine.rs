@@ -1,0 +1,260 @@
+//! The generation loop: draft, verify in one target forward, keep the accepted prefix, roll back.
+//!
+//! Autoregressive decoding is the same loop with no drafter: every round feeds the last
+//! committed token alone and samples the next from the target.
+
+use crate::drafter::{Draft, Drafter};
+use crate::error::{Error, Result};
+use crate::model::Logits;
+use crate::model::Model;
+use crate::review::{review, Verdict};
+use crate::sampling::{Dist, Sampling};
+use crate::stream::TextStream;
+use crate::tokenizer::Tokenizer;
+use rand::rngs::StdRng;
+use rand::SeedableRng;
+use serde::Serialize;
+use std::time::Instant;
+
+/// Per-call generation settings.
+#[derive(Clone, Debug)]
+pub struct GenerateOptions {
+    pub max_new_tokens: usize,
+    pub sampling: Sampling,
+    pub seed: u64,
+    /// Draft length requested from the drafter per target call.
+    pub k: usize,
+    /// Lenience of the target's review; 1 keeps the output exact.
+    pub lenience: f32,
+    pub stop: Vec<String>,
+}
+
+impl Default for GenerateOptions {
+    fn default() -> Self {
+        Self {
+            max_new_tokens: 128,
+            sampling: Sampling::greedy(),
+            seed: 0,
+            k: 4,
+            lenience: 1.0,
+            stop: Vec::new(),
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FinishReason {
+    /// An end-of-sequence token was sampled (it is not part of the output).
+    Eos,
+    /// `max_new_tokens` were generated.
+    Length,
+    /// A stop string appeared (the text ends before it).
+    Stop,
+    /// The model's context is full.
+    Context,
+}
+
+/// Counters of one generation.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Stats {
+    pub prompt_tokens: usize,
+    pub generated_tokens: usize,
+    /// Target forward passes after the prompt (one per round).
+    pub target_calls: usize,
+    pub drafted: usize,
+    pub accepted: usize,
+    /// `drafted_at[i]`: rounds whose draft had a token at position i;
+    /// `accepted_at[i]`: rounds where that token was accepted.
+    pub drafted_at: Vec<usize>,
+    pub accepted_at: Vec<usize>,
+    pub prefill_seconds: f64,
+    pub decode_seconds: f64,
+}
+
+impl Stats {
+    /// Mean tokens committed per target call, the bonus token included (1 for autoregressive).
+    pub fn tokens_per_call(&self) -> f64 {
+        self.generated_tokens as f64 / self.target_calls.max(1) as f64
+    }
+
+    /// Generated tokens per second of decoding (prompt processing excluded).
+    pub fn decode_tokens_per_second(&self) -> f64 {
+        self.generated_tokens as f64 / self.decode_seconds.max(1e-9)
+    }
+
+    /// Fraction of drafted tokens accepted at each draft position.
+    pub fn acceptance_by_position(&self) -> Vec<f64> {
+        self.drafted_at
+            .iter()
+            .zip(&self.accepted_at)
+            .map(|(&d, &a)| a as f64 / d.max(1) as f64)
+            .collect()
+    }
+
+    fn record(&mut self, drafted: usize, accepted: usize) {
+        if self.drafted_at.len() < drafted {
+            self.drafted_at.resize(drafted, 0);
+            self.accepted_at.resize(drafted, 0);
+        }
+        (0..drafted).for_each(|i| self.drafted_at[i] += 1);
+        (0..accepted).for_each(|i| self.accepted_at[i] += 1);
+        self.drafted += drafted;
+        self.accepted += accepted;
+    }
+}
+
+/// The result of one generation.
+#[derive(Clone, Debug, Serialize)]
+pub struct Generation {
+    /// Generated token ids (an end-of-sequence token is not included).
+    pub tokens: Vec<u32>,
+    pub text: String,
+    pub finish_reason: FinishReason,
+    pub stats: Stats,
+}
+
+/// The signature of a review rule; [`review`] is the exact one.
+pub type ReviewFn = fn(&[u32], &[Dist], &Logits, &Sampling, f32, &mut StdRng) -> Verdict;
+
+/// A target model with an optional drafter.
+pub struct Engine {
+    pub target: Box<dyn Model>,
+    pub drafter: Option<Box<dyn Drafter>>,
+    pub tokenizer: Tokenizer,
+    reviewer: ReviewFn,
+}
+
+impl Engine {
+    pub fn new(
+        target: Box<dyn Model>,
+        drafter: Option<Box<dyn Drafter>>,
+        tokenizer: Tokenizer,
+    ) -> Self {
+        Self {
+            target,
+            drafter,
+            tokenizer,
+            reviewer: review,
+        }
+    }
+
+    /// Replaces the target's review rule: for experiments, and for tests that show a broken
+    /// rule is caught by the distribution test.
+    pub fn with_reviewer(mut self, reviewer: ReviewFn) -> Self {
+        self.reviewer = reviewer;
+        self
+    }
+
+    /// Generates a continuation of `prompt`, calling `on_text` with each piece of final text.
+    pub fn generate(
+        &mut self,
+        prompt: &[u32],
+        opts: &GenerateOptions,
+        on_text: &mut dyn FnMut(&str),
+    ) -> Result<Generation> {
+        opts.sampling.validate()?;
+        if !(opts.lenience >= 1.0 && opts.lenience.is_finite()) {
+            return Err(Error::config(
+                "lenience",
+                format!("must be a finite number >= 1, got {}", opts.lenience),
+            ));
+        }
+        if prompt.is_empty() {
+            return Err(Error::EmptyPrompt);
+        }
+        let max_len = self.target.max_len();
+        if prompt.len() >= max_len {
+            return Err(Error::PromptTooLong {
+                model: self.target.name().to_string(),
+                prompt: prompt.len(),
+                context: max_len,
+            });
+        }
+        let mut rng = StdRng::seed_from_u64(opts.seed);
+        let mut stats = Stats {
+            prompt_tokens: prompt.len(),
+            ..Stats::default()
+        };
+        let mut stream = TextStream::new(&self.tokenizer, &opts.stop);
+        let mut context = prompt.to_vec();
+        let mut generated = Vec::new();
+
+        let start = Instant::now();
+        self.target.truncate(0);
+        if let Some(d) = self.drafter.as_mut() {
+            d.reset();
+        }
+        // The target's cache always holds the committed sequence minus its last token,
+        // which is fed at the head of the next round.
+        self.target.prefill(&prompt[..prompt.len() - 1])?;
+        stats.prefill_seconds = start.elapsed().as_secs_f64();
+
+        let start = Instant::now();
+        let finish = 'rounds: loop {
+            if generated.len() >= opts.max_new_tokens {
+                break FinishReason::Length;
+            }
+            if context.len() >= max_len {
+                break FinishReason::Context;
+            }
+            // Never draft past max_new_tokens (the bonus token counts) or the target's context.
+            let k = opts
+                .k
+                .min(opts.max_new_tokens - generated.len() - 1)
+                .min(max_len - context.len());
+            let draft = match self.drafter.as_mut() {
+                Some(d) if k > 0 => d.draft(&context, k, &opts.sampling, &mut rng)?,
+                _ => Draft::default(),
+            };
+            let mut feed = Vec::with_capacity(draft.len() + 1);
+            feed.push(*context.last().unwrap());
+            feed.extend_from_slice(&draft.tokens);
+            let logits = self.target.forward(&feed)?;
+            stats.target_calls += 1;
+            let verdict = (self.reviewer)(
+                &draft.tokens,
+                &draft.dists,
+                &logits,
+                &opts.sampling,
+                opts.lenience,
+                &mut rng,
+            );
+            stats.record(draft.len(), verdict.accepted);
+            // Roll back the target past the rejected draft tokens.
+            self.target.truncate(context.len() + verdict.accepted);
+
+            let new_tokens = draft.tokens[..verdict.accepted]
+                .iter()
+                .copied()
+                .chain([verdict.next]);
+            for token in new_tokens {
+                context.push(token);
+                if self.tokenizer.is_eos(token) {
+                    break 'rounds FinishReason::Eos;
+                }
+                generated.push(token);
+                let stopped = stream.push(token)?;
+                on_text(stream.take_final(false));
+                if stopped {
+                    break 'rounds FinishReason::Stop;
+                }
+                if generated.len() >= opts.max_new_tokens {
+                    break 'rounds FinishReason::Length;
+                }
+            }
+            if let Some(d) = self.drafter.as_mut() {
+                d.commit(&context);
+            }
+        };
+        on_text(stream.take_final(true));
+        stats.decode_seconds = start.elapsed().as_secs_f64();
+        stats.generated_tokens = generated.len();
+        Ok(Generation {
+            text: stream.text().to_string(),
+            tokens: generated,
+            finish_reason: finish,
+            stats,
+        })
+    }
+}

@@ -1,0 +1,41 @@
+//! # cascade: lossless speculative decoding with cascades of drafters
+//!
+//! A target model is slow because every token costs a forward pass. Drafters guess several
+//! tokens; the target scores all guesses in one forward pass and keeps the longest correct
+//! prefix, by modified rejection sampling, so the output distribution is exactly the target's
+//! (Leviathan et al. 2023; Chen et al. 2023). At temperature 0 the output is the target's
+//! greedy output, token for token.
+//!
+//! The pieces, one module each:
+//! - [`model`]: GGUF models (qwen2, llama) whose forward returns logits for every position
+//!   and whose KV cache rolls back;
+//! - [`sampling`]: logits to the explicit distribution tokens are drawn from;
+//! - [`review`]: the verification step (accept, recover, bonus), used at every level;
+//! - [`drafter`]: the [`drafter::Drafter`] trait and its implementations;
+//! - [`engine`]: the draft / verify / roll back loop, with stop conditions and counters;
+//! - [`config`]: TOML configs, validated into a plan and built into an engine.
+//!
+//! ```no_run
+//! use cascade::config::RawConfig;
+//! use std::path::Path;
+//!
+//! let plan = RawConfig::load(Path::new("configs/speculative.toml"))?.validate(Path::new("configs"))?;
+//! let mut engine = plan.build(&mut |_, _, _| {})?;
+//! let prompt = engine.tokenizer.encode("def fib(n):")?;
+//! let out = engine.generate(&prompt, &plan.options, &mut |piece| print!("{piece}"))?;
+//! eprintln!("\n{:.2} tokens per target call", out.stats.tokens_per_call());
+//! # Ok::<(), cascade::Error>(())
+//! ```
+
+pub mod chat;
+pub mod config;
+pub mod drafter;
+pub mod engine;
+pub mod error;
+pub mod model;
+pub mod review;
+pub mod sampling;
+pub mod stream;
+pub mod tokenizer;
+
+pub use error::{Error, Result};

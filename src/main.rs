@@ -1,0 +1,201 @@
+//! The `cascade` command line.
+
+use anyhow::{bail, Context, Result};
+use cascade::config::RawConfig;
+use cascade::engine::Generation;
+use clap::{Args, Parser, Subcommand};
+use indicatif::{ProgressBar, ProgressStyle};
+use std::io::{IsTerminal, Read, Write};
+use std::path::PathBuf;
+
+/// Lossless speculative decoding with cascades of drafters.
+#[derive(Parser)]
+#[command(version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Generate text from a prompt with the target model and (optionally) a drafter.
+    Generate(GenerateArgs),
+}
+
+#[derive(Args)]
+struct GenerateArgs {
+    /// TOML config naming the target, the drafter and the settings.
+    #[arg(short, long, default_value = "configs/speculative.toml")]
+    config: PathBuf,
+    /// The prompt text (else --prompt-file, else standard input).
+    #[arg(short, long, conflicts_with = "prompt_file")]
+    prompt: Option<String>,
+    /// Read the prompt from this file.
+    #[arg(long)]
+    prompt_file: Option<PathBuf>,
+    /// Maximum number of tokens to generate.
+    #[arg(short = 'n', long)]
+    max_new_tokens: Option<usize>,
+    /// Sampling temperature (0 = greedy).
+    #[arg(short, long)]
+    temperature: Option<f32>,
+    /// Keep only the k most likely tokens (0 = off).
+    #[arg(long)]
+    top_k: Option<usize>,
+    /// Keep the most likely tokens up to this probability mass (1 = off).
+    #[arg(long)]
+    top_p: Option<f32>,
+    /// Random seed; sample i of --num-samples uses seed + i.
+    #[arg(short, long)]
+    seed: Option<u64>,
+    /// Tokens drafted per target call.
+    #[arg(short, long)]
+    k: Option<usize>,
+    /// Decode autoregressively, ignoring the config's drafter.
+    #[arg(long)]
+    no_draft: bool,
+    /// Wrap the prompt in the model's chat template.
+    #[arg(long, overrides_with = "no_chat")]
+    chat: bool,
+    /// Use the prompt as raw text even if the config enables the chat template.
+    #[arg(long)]
+    no_chat: bool,
+    /// System message for the chat template.
+    #[arg(long)]
+    system: Option<String>,
+    /// Stop when this text appears (repeatable); the output ends before it.
+    #[arg(long)]
+    stop: Vec<String>,
+    /// Print one JSON document (ids, text, counters) instead of streaming text.
+    #[arg(long)]
+    json: bool,
+    /// Number of independent samples (seeds seed..seed+N-1).
+    #[arg(long, default_value_t = 1)]
+    num_samples: usize,
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Generate(args) => generate(args),
+    };
+    if let Err(e) = result {
+        eprintln!("cascade: {e:#}");
+        std::process::exit(1);
+    }
+}
+
+fn generate(args: GenerateArgs) -> Result<()> {
+    let mut raw = RawConfig::load(&args.config)?;
+    let s = &mut raw.sampling;
+    s.temperature = args.temperature.unwrap_or(s.temperature);
+    s.top_k = args.top_k.unwrap_or(s.top_k);
+    s.top_p = args.top_p.unwrap_or(s.top_p);
+    let g = &mut raw.generation;
+    g.max_new_tokens = args.max_new_tokens.unwrap_or(g.max_new_tokens);
+    g.seed = args.seed.unwrap_or(g.seed);
+    g.stop.extend(args.stop.iter().cloned());
+    g.chat = (g.chat || args.chat) && !args.no_chat;
+    g.system = args.system.clone().or(g.system.take());
+    raw.target.k = args.k.unwrap_or(raw.target.k);
+    if args.no_draft {
+        raw.target.drafter = None;
+    }
+    if args.num_samples == 0 {
+        bail!("--num-samples must be >= 1");
+    }
+    let base = args.config.parent().map(PathBuf::from).unwrap_or_default();
+    let plan = raw.validate(&base)?;
+    if plan.options.lenience != 1.0 {
+        eprintln!(
+            "cascade: warning: lenience {} at the target: the output is no longer exactly the target's",
+            plan.options.lenience
+        );
+    }
+    let prompt_text = read_prompt(&args)?;
+
+    let bar = ProgressBar::new(0).with_style(
+        ProgressStyle::with_template("{msg:>40} [{bar:30}] {pos}/{len} layers")
+            .unwrap()
+            .progress_chars("=> "),
+    );
+    let mut engine = plan.build(&mut |what, done, total| {
+        bar.set_message(format!("loading {what}"));
+        bar.set_length(total as u64);
+        bar.set_position(done as u64);
+    })?;
+    bar.finish_and_clear();
+
+    let text = if plan.chat {
+        cascade::chat::apply(&engine.tokenizer, plan.system.as_deref(), &prompt_text)?
+    } else {
+        prompt_text
+    };
+    let prompt = engine.tokenizer.encode(&text)?;
+    let mut samples: Vec<(u64, Generation)> = Vec::new();
+    for i in 0..args.num_samples as u64 {
+        let mut opts = plan.options.clone();
+        opts.seed += i;
+        let mut stdout = std::io::stdout().lock();
+        let mut on_text = |piece: &str| {
+            if !args.json {
+                let _ = stdout.write_all(piece.as_bytes());
+                let _ = stdout.flush();
+            }
+        };
+        let out = engine.generate(&prompt, &opts, &mut on_text)?;
+        if !args.json {
+            println!();
+            let st = &out.stats;
+            eprintln!(
+                "[seed {}: {} tokens ({:?}), {:.2} tokens/s, {:.2} tokens per target call, {}/{} drafted accepted, prefill {:.2}s]",
+                opts.seed,
+                st.generated_tokens,
+                out.finish_reason,
+                st.decode_tokens_per_second(),
+                st.tokens_per_call(),
+                st.accepted,
+                st.drafted,
+                st.prefill_seconds
+            );
+        }
+        samples.push((opts.seed, out));
+    }
+    if args.json {
+        let doc = serde_json::json!({
+            "config": args.config,
+            "drafter": plan.drafter.as_ref().map(|(n, _)| n),
+            "k": plan.options.k,
+            "sampling": plan.options.sampling,
+            "prompt_tokens": prompt,
+            "samples": samples.iter().map(|(seed, g)| {
+                let mut v = serde_json::to_value(g).unwrap();
+                v["seed"] = (*seed).into();
+                v["stats"]["tokens_per_call"] = g.stats.tokens_per_call().into();
+                v["stats"]["decode_tokens_per_second"] = g.stats.decode_tokens_per_second().into();
+                v["stats"]["acceptance_by_position"] = serde_json::to_value(g.stats.acceptance_by_position()).unwrap();
+                v
+            }).collect::<Vec<_>>(),
+        });
+        println!("{}", serde_json::to_string_pretty(&doc)?);
+    }
+    Ok(())
+}
+
+fn read_prompt(args: &GenerateArgs) -> Result<String> {
+    if let Some(p) = &args.prompt {
+        return Ok(p.clone());
+    }
+    if let Some(f) = &args.prompt_file {
+        return std::fs::read_to_string(f)
+            .with_context(|| format!("cannot read prompt file {}", f.display()));
+    }
+    if std::io::stdin().is_terminal() {
+        bail!("no prompt: give --prompt, --prompt-file, or pipe text to standard input");
+    }
+    let mut s = String::new();
+    std::io::stdin()
+        .read_to_string(&mut s)
+        .context("cannot read the prompt from standard input")?;
+    Ok(s)
+}

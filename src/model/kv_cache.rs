@@ -1,0 +1,69 @@
+//! Per-layer key/value cache: rows appended as tokens are fed, rollback by shortening.
+
+/// Keys and values for every layer, laid out `[position][kv_head][head_dim]` so that feeding
+/// tokens appends and rolling back after a rejected draft is a truncation, never a copy.
+pub struct KvCache {
+    keys: Vec<Vec<f32>>,
+    values: Vec<Vec<f32>>,
+    row: usize,
+    len: usize,
+}
+
+impl KvCache {
+    pub fn new(layers: usize, kv_heads: usize, head_dim: usize) -> Self {
+        Self {
+            keys: vec![Vec::new(); layers],
+            values: vec![Vec::new(); layers],
+            row: kv_heads * head_dim,
+            len: 0,
+        }
+    }
+
+    /// Number of cached positions.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Appends `k` and `v` (whole rows of `kv_heads * head_dim`) to `layer`.
+    /// The new length takes effect with [`KvCache::commit`] once every layer has appended.
+    pub fn append(&mut self, layer: usize, k: &[f32], v: &[f32]) {
+        debug_assert_eq!(self.keys[layer].len(), self.len * self.row);
+        self.keys[layer].extend_from_slice(k);
+        self.values[layer].extend_from_slice(v);
+    }
+
+    /// Marks `n` appended positions as cached.
+    pub fn commit(&mut self, n: usize) {
+        self.len += n;
+    }
+
+    /// The keys and values of `layer` for the cached positions plus those appended since.
+    pub fn layer(&self, layer: usize) -> (&[f32], &[f32]) {
+        (&self.keys[layer], &self.values[layer])
+    }
+
+    /// Keeps only the first `len` positions (no-op if `len >= self.len()`).
+    pub fn truncate(&mut self, len: usize) {
+        if len >= self.len {
+            return;
+        }
+        for (k, v) in self.keys.iter_mut().zip(self.values.iter_mut()) {
+            k.truncate(len * self.row);
+            v.truncate(len * self.row);
+        }
+        self.len = len;
+    }
+
+    /// Drops any rows appended by a forward pass that failed before [`KvCache::commit`].
+    pub fn discard_uncommitted(&mut self) {
+        let len = self.len * self.row;
+        for (k, v) in self.keys.iter_mut().zip(self.values.iter_mut()) {
+            k.truncate(len);
+            v.truncate(len);
+        }
+    }
+}

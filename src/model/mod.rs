@@ -1,0 +1,134 @@
+//! Models that can verify: a forward pass returns logits for every fed position, and the
+//! KV cache can be rolled back after a rejected draft.
+
+pub mod gguf;
+pub mod kv_cache;
+pub mod qweight;
+pub mod source;
+pub mod transformer;
+
+use crate::error::Result;
+use crate::tokenizer::Tokenizer;
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+pub use source::ModelSource;
+pub use transformer::{Transformer, Weights};
+
+/// A causal language model with a KV cache.
+///
+/// The cache holds `len()` positions. `forward(tokens)` feeds `tokens` at positions
+/// `len()..len() + tokens.len()` and returns one row of logits per token: row `i` scores the
+/// token that follows `tokens[i]`. `truncate(n)` forgets every position from `n` on, so that
+/// after a rejected draft the model continues as if the rejected tokens were never fed.
+pub trait Model: Send {
+    /// A short name for messages and reports.
+    fn name(&self) -> &str;
+
+    /// Feeds `tokens`; returns their logits, one row per token.
+    fn forward(&mut self, tokens: &[u32]) -> Result<Logits>;
+
+    /// Feeds `tokens` without computing logits (prompt processing).
+    fn prefill(&mut self, tokens: &[u32]) -> Result<()> {
+        self.forward(tokens).map(drop)
+    }
+
+    /// Number of cached positions.
+    fn len(&self) -> usize;
+
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Keeps the first `len` cached positions (no-op if `len >= self.len()`).
+    fn truncate(&mut self, len: usize);
+
+    /// Width of a logits row.
+    fn vocab_size(&self) -> usize;
+
+    /// The most positions the cache may hold.
+    fn max_len(&self) -> usize;
+}
+
+/// Logits for consecutive positions, `rows() x vocab` row-major.
+#[derive(Clone, Debug)]
+pub struct Logits {
+    data: Vec<f32>,
+    vocab: usize,
+}
+
+impl Logits {
+    pub fn new(data: Vec<f32>, vocab: usize) -> Self {
+        debug_assert_eq!(data.len() % vocab, 0);
+        Self { data, vocab }
+    }
+
+    pub fn rows(&self) -> usize {
+        self.data.len() / self.vocab
+    }
+
+    pub fn row(&self, i: usize) -> &[f32] {
+        &self.data[i * self.vocab..(i + 1) * self.vocab]
+    }
+
+    pub fn vocab(&self) -> usize {
+        self.vocab
+    }
+}
+
+/// A model file loaded once: its weights and tokenizer, shared by every instance using it.
+pub struct LoadedModel {
+    pub path: PathBuf,
+    pub weights: Arc<Weights>,
+    pub tokenizer: Tokenizer,
+}
+
+impl LoadedModel {
+    /// Loads a GGUF file; `progress(done, total)` is called as layers are read.
+    pub fn load(
+        path: &Path,
+        tokenizer_json: Option<&Path>,
+        progress: &mut dyn FnMut(usize, usize),
+    ) -> Result<Self> {
+        let mut file = gguf::GgufFile::open(path)?;
+        let tokenizer = Tokenizer::load(&file, tokenizer_json)?;
+        let weights = Arc::new(Weights::load(&mut file, progress)?);
+        Ok(Self {
+            path: path.to_path_buf(),
+            weights,
+            tokenizer,
+        })
+    }
+
+    /// A fresh instance with its own (empty) cache of at most `max_len` positions.
+    pub fn instance(&self, name: &str, max_len: Option<usize>) -> Transformer {
+        Transformer::new(name, self.weights.clone(), max_len)
+    }
+}
+
+/// Loads each model file at most once, however many cascade nodes use it.
+#[derive(Default)]
+pub struct ModelStore {
+    loaded: HashMap<(PathBuf, Option<PathBuf>), Arc<LoadedModel>>,
+}
+
+impl ModelStore {
+    pub fn load(
+        &mut self,
+        path: &Path,
+        tokenizer_json: Option<&Path>,
+        progress: &mut dyn FnMut(usize, usize),
+    ) -> Result<Arc<LoadedModel>> {
+        let key = (
+            path.canonicalize().unwrap_or_else(|_| path.to_path_buf()),
+            tokenizer_json.map(Path::to_path_buf),
+        );
+        if let Some(m) = self.loaded.get(&key) {
+            return Ok(m.clone());
+        }
+        let m = Arc::new(LoadedModel::load(path, tokenizer_json, progress)?);
+        self.loaded.insert(key, m.clone());
+        Ok(m)
+    }
+}

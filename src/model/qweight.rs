@@ -1,0 +1,221 @@
+//! Quantized weight matrices read straight from GGUF, and a matmul whose rows are independent.
+//!
+//! Every output element is one `vec_dot` of a weight row with one quantized activation row,
+//! computed by the same function whatever the number of rows. So a forward over k tokens
+//! gives, bit for bit, the logits of k one-token forwards: greedy speculative decoding then
+//! equals greedy autoregressive decoding by construction, not by luck with near-ties.
+//! Rows are processed in tiles so that each weight block is read once per tile, which is
+//! what makes verifying k draft tokens cheaper than k decode steps.
+
+use crate::error::{Error, Result};
+use candle_core::quantized::gguf_file::TensorInfo;
+use candle_core::quantized::k_quants::{self, GgmlType};
+use candle_core::quantized::GgmlDType;
+use half::f16;
+use std::io::{Read, Seek, SeekFrom};
+
+macro_rules! block_kinds {
+    ($($variant:ident => $ty:ty),* $(,)?) => {
+        /// The blocks of one weight matrix, in the GGUF's own quantization.
+        enum Blocks { $($variant(Vec<$ty>)),* }
+
+        impl Blocks {
+            fn matmul(&self, mkn: (usize, usize, usize), lhs: &[f32], dst: &mut [f32]) -> candle_core::Result<()> {
+                match self { $(Blocks::$variant(b) => k_quants::matmul(mkn, lhs, b, dst)),* }
+            }
+
+            fn dequantize_row(&self, row: usize, blocks_per_row: usize, dst: &mut [f32]) {
+                match self {
+                    $(Blocks::$variant(b) => {
+                        <$ty>::to_float(&b[row * blocks_per_row..(row + 1) * blocks_per_row], dst)
+                    }),*
+                }
+            }
+
+            fn dtype(&self) -> GgmlDType {
+                match self { $(Blocks::$variant(_) => <$ty as GgmlType>::DTYPE),* }
+            }
+        }
+    };
+}
+
+use k_quants::{
+    BlockQ2K, BlockQ3K, BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ5K, BlockQ5_1, BlockQ6K, BlockQ8_0,
+};
+block_kinds! {
+    F32 => f32, F16 => f16, Q4_0 => BlockQ4_0, Q4_1 => BlockQ4_1, Q5_1 => BlockQ5_1,
+    Q8_0 => BlockQ8_0, Q2K => BlockQ2K, Q3K => BlockQ3K, Q4K => BlockQ4K, Q5K => BlockQ5K,
+    Q6K => BlockQ6K,
+}
+
+/// A weight matrix of `rows` x `cols` (GGUF order: one row per output feature).
+pub struct QWeight {
+    blocks: Blocks,
+    rows: usize,
+    cols: usize,
+}
+
+impl QWeight {
+    /// Reads tensor `name` described by `info` from a GGUF file.
+    ///
+    /// Q5_0 is widened losslessly to Q8_0 at load time: a Q5_0 value is a 5-bit integer times
+    /// the block scale, which Q8_0 holds exactly with the same scale, and Q8_0 has SIMD dot
+    /// products where Q5_0 has only a scalar one (the 0.5B draft would be slower than the target).
+    pub fn read<R: Read + Seek>(
+        reader: &mut R,
+        data_offset: u64,
+        name: &str,
+        info: &TensorInfo,
+    ) -> Result<Self> {
+        let dims = info.shape.dims();
+        let (rows, cols) = match *dims {
+            [cols] => (1, cols),
+            [rows, cols] => (rows, cols),
+            _ => {
+                return Err(bad(format!(
+                    "tensor {name} has shape {dims:?}, expected 1 or 2 dims"
+                )))
+            }
+        };
+        let dtype = info.ggml_dtype;
+        if cols % dtype.block_size() != 0 {
+            return Err(bad(format!(
+                "tensor {name}: row length {cols} is not a multiple of the {dtype:?} block size"
+            )));
+        }
+        let n_blocks = rows * cols / dtype.block_size();
+        reader.seek(SeekFrom::Start(data_offset + info.offset))?;
+        let blocks = match dtype {
+            GgmlDType::F32 => Blocks::F32(read_blocks(reader, n_blocks)?),
+            GgmlDType::F16 => Blocks::F16(read_blocks(reader, n_blocks)?),
+            GgmlDType::Q4_0 => Blocks::Q4_0(read_blocks(reader, n_blocks)?),
+            GgmlDType::Q4_1 => Blocks::Q4_1(read_blocks(reader, n_blocks)?),
+            GgmlDType::Q5_0 => Blocks::Q8_0(read_q5_0_as_q8_0(reader, n_blocks)?),
+            GgmlDType::Q5_1 => Blocks::Q5_1(read_blocks(reader, n_blocks)?),
+            GgmlDType::Q8_0 => Blocks::Q8_0(read_blocks(reader, n_blocks)?),
+            GgmlDType::Q2K => Blocks::Q2K(read_blocks(reader, n_blocks)?),
+            GgmlDType::Q3K => Blocks::Q3K(read_blocks(reader, n_blocks)?),
+            GgmlDType::Q4K => Blocks::Q4K(read_blocks(reader, n_blocks)?),
+            GgmlDType::Q5K => Blocks::Q5K(read_blocks(reader, n_blocks)?),
+            GgmlDType::Q6K => Blocks::Q6K(read_blocks(reader, n_blocks)?),
+            other => return Err(bad(format!("tensor {name}: unsupported type {other:?}"))),
+        };
+        Ok(Self { blocks, rows, cols })
+    }
+
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    pub fn cols(&self) -> usize {
+        self.cols
+    }
+
+    /// The quantization the matmul runs on (after any load-time conversion).
+    pub fn dtype(&self) -> GgmlDType {
+        self.blocks.dtype()
+    }
+
+    /// `dst[m, rows] = lhs[m, cols] x selfᵀ`; each output row depends only on its input row.
+    pub fn matmul(&self, lhs: &[f32], dst: &mut [f32]) -> Result<()> {
+        let m = lhs.len() / self.cols;
+        debug_assert_eq!(m * self.cols, lhs.len());
+        self.blocks.matmul((m, self.cols, self.rows), lhs, dst)?;
+        Ok(())
+    }
+
+    /// Dequantizes row `row` (an embedding lookup, or a 1-D weight such as a norm).
+    pub fn row(&self, row: usize, dst: &mut [f32]) {
+        let per_row = self.cols / self.dtype().block_size();
+        self.blocks.dequantize_row(row, per_row, dst)
+    }
+
+    /// The whole tensor as f32 (for small 1-D weights: norms, biases).
+    pub fn to_vec(&self) -> Vec<f32> {
+        let mut out = vec![0f32; self.rows * self.cols];
+        for (r, chunk) in out.chunks_mut(self.cols).enumerate() {
+            self.row(r, chunk);
+        }
+        out
+    }
+}
+
+fn bad(reason: String) -> Error {
+    Error::BadModelFile {
+        path: Default::default(),
+        reason,
+    }
+}
+
+/// Reads `n` plain-old-data blocks (`GgmlType`s are `repr(C)` byte layouts of the GGUF blocks).
+fn read_blocks<T: GgmlType, R: Read>(reader: &mut R, n: usize) -> Result<Vec<T>> {
+    let mut v: Vec<T> = vec![T::zeros(); n];
+    // SAFETY: T is a repr(C) block of integers and f16s, valid for any bit pattern.
+    let bytes = unsafe {
+        std::slice::from_raw_parts_mut(v.as_mut_ptr() as *mut u8, n * std::mem::size_of::<T>())
+    };
+    reader.read_exact(bytes)?;
+    Ok(v)
+}
+
+const Q5_0_BYTES: usize = 22; // f16 scale, 4 bytes of high bits, 16 bytes of low nibbles
+const Q8_0_BYTES: usize = 34; // f16 scale, 32 signed bytes
+
+/// Q5_0 block: value j = ((low nibble j) | (high bit j) << 4) - 16, times scale d.
+/// The Q8_0 block with the same d and those integers represents exactly the same values.
+fn q5_0_to_q8_0(src: &[u8; Q5_0_BYTES], dst: &mut [u8; Q8_0_BYTES]) {
+    dst[..2].copy_from_slice(&src[..2]);
+    let qh = u32::from_le_bytes([src[2], src[3], src[4], src[5]]);
+    let qs = &src[6..];
+    for j in 0..16 {
+        let lo = (qs[j] & 0x0f) | ((((qh >> j) & 1) as u8) << 4);
+        let hi = (qs[j] >> 4) | ((((qh >> (j + 16)) & 1) as u8) << 4);
+        dst[2 + j] = (lo as i8 - 16) as u8;
+        dst[2 + j + 16] = (hi as i8 - 16) as u8;
+    }
+}
+
+fn read_q5_0_as_q8_0<R: Read>(reader: &mut R, n: usize) -> Result<Vec<BlockQ8_0>> {
+    debug_assert_eq!(std::mem::size_of::<BlockQ8_0>(), Q8_0_BYTES);
+    let mut src = vec![0u8; n * Q5_0_BYTES];
+    reader.read_exact(&mut src)?;
+    let mut v: Vec<BlockQ8_0> = vec![BlockQ8_0::zeros(); n];
+    // SAFETY: BlockQ8_0 is repr(C) { f16, [i8; 32] }, 34 bytes, any bit pattern valid.
+    let dst = unsafe { std::slice::from_raw_parts_mut(v.as_mut_ptr() as *mut u8, n * Q8_0_BYTES) };
+    for (s, d) in src
+        .chunks_exact(Q5_0_BYTES)
+        .zip(dst.chunks_exact_mut(Q8_0_BYTES))
+    {
+        q5_0_to_q8_0(s.try_into().unwrap(), d.try_into().unwrap());
+    }
+    Ok(v)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::quantized::k_quants::BlockQ5_0;
+
+    #[test]
+    fn q5_0_widening_is_lossless() {
+        // Random Q5_0 blocks (any bytes are valid, but keep the scale finite).
+        let mut state = 0x9e3779b97f4a7c15u64;
+        let mut raw = vec![0u8; 64 * Q5_0_BYTES];
+        for b in raw.iter_mut() {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            *b = state as u8;
+        }
+        for block in raw.chunks_exact_mut(Q5_0_BYTES) {
+            block[..2].copy_from_slice(&f16::from_f32(0.0123).to_le_bytes());
+        }
+        let q5: Vec<BlockQ5_0> = read_blocks(&mut raw.as_slice(), 64).unwrap();
+        let q8 = read_q5_0_as_q8_0(&mut raw.as_slice(), 64).unwrap();
+        let (mut a, mut b) = (vec![0f32; 64 * 32], vec![0f32; 64 * 32]);
+        BlockQ5_0::to_float(&q5, &mut a);
+        BlockQ8_0::to_float(&q8, &mut b);
+        assert_eq!(a, b);
+        assert!(a.iter().any(|&x| x != 0.0));
+    }
+}

@@ -1,0 +1,158 @@
+//! Where a model file comes from: a local path, or a Hugging Face repo resolved via hf-hub.
+
+use crate::error::{Error, Result};
+use serde::Deserialize;
+use std::path::{Path, PathBuf};
+
+/// A model file named in a config: `"path/to/model.gguf"` or
+/// `{ repo = "Qwen/Qwen2.5-Coder-1.5B-Instruct-GGUF", file = "...gguf", revision = "main" }`.
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+#[serde(untagged, deny_unknown_fields)]
+pub enum ModelSource {
+    Path(PathBuf),
+    Hub {
+        repo: String,
+        file: String,
+        #[serde(default = "main_revision")]
+        revision: String,
+    },
+}
+
+fn main_revision() -> String {
+    "main".into()
+}
+
+impl ModelSource {
+    /// The local file for this source. Relative paths are taken from `base`. Hub files are
+    /// looked up in the hf-hub cache (`cache_dir`, else `HF_HOME`'s) first; they are downloaded
+    /// only when missing and `HF_HUB_OFFLINE` is not set.
+    pub fn resolve(&self, base: &Path, cache_dir: Option<&Path>) -> Result<PathBuf> {
+        match self {
+            ModelSource::Path(p) => {
+                let p = if p.is_absolute() {
+                    p.clone()
+                } else {
+                    base.join(p)
+                };
+                if p.is_file() {
+                    Ok(p)
+                } else {
+                    Err(Error::ModelNotFound(p))
+                }
+            }
+            ModelSource::Hub {
+                repo,
+                file,
+                revision,
+            } => {
+                let hub_err = |reason: String| Error::Hub {
+                    repo: repo.clone(),
+                    file: file.clone(),
+                    reason,
+                };
+                let cache = match cache_dir {
+                    Some(d) => hf_hub::Cache::new(d.to_path_buf()),
+                    None => hf_hub::Cache::from_env(),
+                };
+                let hub_repo = hf_hub::Repo::with_revision(
+                    repo.clone(),
+                    hf_hub::RepoType::Model,
+                    revision.clone(),
+                );
+                if let Some(p) = cache.repo(hub_repo.clone()).get(file) {
+                    return Ok(p);
+                }
+                if std::env::var("HF_HUB_OFFLINE").is_ok_and(|v| v == "1") {
+                    return Err(hub_err(format!(
+                        "not in the cache at {} and HF_HUB_OFFLINE=1",
+                        cache.path().display()
+                    )));
+                }
+                let api = hf_hub::api::sync::ApiBuilder::from_cache(cache)
+                    .with_progress(true)
+                    .build()
+                    .map_err(|e| hub_err(e.to_string()))?;
+                api.repo(hub_repo)
+                    .get(file)
+                    .map_err(|e| hub_err(format!("download failed: {e}")))
+            }
+        }
+    }
+}
+
+impl std::fmt::Display for ModelSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ModelSource::Path(p) => write!(f, "{}", p.display()),
+            ModelSource::Hub { repo, file, .. } => write!(f, "{repo}/{file}"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Lays out a hub cache the way hf-hub writes it: refs/<revision> names a snapshot.
+    fn fake_cache(root: &Path, repo: &str, revision: &str, file: &str) -> PathBuf {
+        let dir = root.join(format!("models--{}", repo.replace('/', "--")));
+        std::fs::create_dir_all(dir.join("refs")).unwrap();
+        std::fs::write(dir.join("refs").join(revision), "abc123").unwrap();
+        let snap = dir.join("snapshots").join("abc123");
+        std::fs::create_dir_all(&snap).unwrap();
+        std::fs::write(snap.join(file), b"GGUF").unwrap();
+        snap.join(file)
+    }
+
+    #[test]
+    fn hub_source_resolves_from_local_cache_without_network() {
+        let tmp = tempfile::tempdir().unwrap();
+        let expected = fake_cache(tmp.path(), "Org/Model-GGUF", "main", "m.gguf");
+        let src: ModelSource =
+            toml::from_str::<toml::Value>("m = { repo = \"Org/Model-GGUF\", file = \"m.gguf\" }")
+                .unwrap()["m"]
+                .clone()
+                .try_into()
+                .unwrap();
+        let got = src.resolve(Path::new("."), Some(tmp.path())).unwrap();
+        assert_eq!(got, expected);
+    }
+
+    #[test]
+    fn hub_source_missing_offline_is_a_clear_error() {
+        let tmp = tempfile::tempdir().unwrap();
+        std::env::set_var("HF_HUB_OFFLINE", "1");
+        let src = ModelSource::Hub {
+            repo: "Org/Absent".into(),
+            file: "x.gguf".into(),
+            revision: "main".into(),
+        };
+        let err = src.resolve(Path::new("."), Some(tmp.path())).unwrap_err();
+        assert!(
+            err.to_string()
+                .starts_with("cannot resolve model Org/Absent/x.gguf: not in the cache"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn relative_path_is_taken_from_the_config_dir() {
+        let tmp = tempfile::tempdir().unwrap();
+        std::fs::write(tmp.path().join("m.gguf"), b"x").unwrap();
+        let src = ModelSource::Path("m.gguf".into());
+        assert_eq!(
+            src.resolve(tmp.path(), None).unwrap(),
+            tmp.path().join("m.gguf")
+        );
+        let err = ModelSource::Path("nope.gguf".into())
+            .resolve(tmp.path(), None)
+            .unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            format!(
+                "model file not found: {}",
+                tmp.path().join("nope.gguf").display()
+            )
+        );
+    }
+}

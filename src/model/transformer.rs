@@ -1,0 +1,383 @@
+//! The decoder-only transformer behind the `qwen2` and `llama` GGUF architectures.
+//!
+//! The two differ only in configuration: qwen2 has biases on the q/k/v projections and
+//! rotates halves of each head (NeoX RoPE); llama GGUFs store q/k permuted for rotating
+//! adjacent pairs. Activations are plain `f32` rows: every operation works row by row in a
+//! fixed order, so a token's logits do not depend on how many tokens share its forward pass.
+
+use crate::error::{Error, Result};
+use crate::model::gguf::GgufFile;
+use crate::model::kv_cache::KvCache;
+use crate::model::qweight::QWeight;
+use crate::model::{Logits, Model};
+use rayon::prelude::*;
+use std::sync::Arc;
+
+/// How RoPE pairs up the dimensions of a head.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RopeStyle {
+    /// Dimension i with i + head_dim/2 (qwen2).
+    Halves,
+    /// Dimension 2i with 2i+1 (llama as stored in GGUF).
+    Interleaved,
+}
+
+#[derive(Clone, Debug)]
+pub struct Config {
+    pub arch: String,
+    pub layers: usize,
+    pub hidden: usize,
+    pub heads: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+    pub context_length: usize,
+    pub rms_eps: f32,
+    pub rope_base: f32,
+    pub rope_style: RopeStyle,
+}
+
+impl Config {
+    fn from_gguf(f: &GgufFile) -> Result<Self> {
+        let arch = f.string("general.architecture")?;
+        let rope_style = match arch.as_str() {
+            "qwen2" => RopeStyle::Halves,
+            "llama" => RopeStyle::Interleaved,
+            _ => {
+                return Err(Error::UnsupportedArchitecture {
+                    path: f.path.clone(),
+                    arch,
+                })
+            }
+        };
+        let key = |k: &str| format!("{arch}.{k}");
+        let hidden = f.usize(&key("embedding_length"))?;
+        let heads = f.usize(&key("attention.head_count"))?;
+        Ok(Self {
+            layers: f.usize(&key("block_count"))?,
+            hidden,
+            heads,
+            kv_heads: f.usize(&key("attention.head_count_kv")).unwrap_or(heads),
+            head_dim: hidden / heads,
+            context_length: f.usize(&key("context_length"))?,
+            rms_eps: f.f32_or(&key("attention.layer_norm_rms_epsilon"), 1e-6)?,
+            rope_base: f.f32_or(&key("rope.freq_base"), 10_000.0)?,
+            rope_style,
+            arch,
+        })
+    }
+}
+
+struct Layer {
+    attn_norm: Vec<f32>,
+    wq: QWeight,
+    wk: QWeight,
+    wv: QWeight,
+    bias_q: Option<Vec<f32>>,
+    bias_k: Option<Vec<f32>>,
+    bias_v: Option<Vec<f32>>,
+    wo: QWeight,
+    ffn_norm: Vec<f32>,
+    gate: QWeight,
+    up: QWeight,
+    down: QWeight,
+}
+
+/// Immutable weights, shared (through `Arc`) by every model instance that uses them.
+pub struct Weights {
+    pub config: Config,
+    embeddings: QWeight,
+    layers: Vec<Layer>,
+    out_norm: Vec<f32>,
+    /// `None` when the output projection is tied to the embeddings.
+    output: Option<QWeight>,
+    inv_freq: Vec<f32>,
+}
+
+impl Weights {
+    pub fn load(f: &mut GgufFile, mut progress: impl FnMut(usize, usize)) -> Result<Self> {
+        let config = Config::from_gguf(f)?;
+        let embeddings = f.tensor("token_embd.weight")?;
+        let mut layers = Vec::with_capacity(config.layers);
+        for i in 0..config.layers {
+            progress(i, config.layers);
+            let name = |t: &str| format!("blk.{i}.{t}");
+            let bias = |f: &mut GgufFile, t: &str| -> Result<Option<Vec<f32>>> {
+                let n = name(t);
+                Ok(if f.has_tensor(&n) {
+                    Some(f.tensor(&n)?.to_vec())
+                } else {
+                    None
+                })
+            };
+            layers.push(Layer {
+                attn_norm: f.tensor(&name("attn_norm.weight"))?.to_vec(),
+                wq: f.tensor(&name("attn_q.weight"))?,
+                wk: f.tensor(&name("attn_k.weight"))?,
+                wv: f.tensor(&name("attn_v.weight"))?,
+                bias_q: bias(f, "attn_q.bias")?,
+                bias_k: bias(f, "attn_k.bias")?,
+                bias_v: bias(f, "attn_v.bias")?,
+                wo: f.tensor(&name("attn_output.weight"))?,
+                ffn_norm: f.tensor(&name("ffn_norm.weight"))?.to_vec(),
+                gate: f.tensor(&name("ffn_gate.weight"))?,
+                up: f.tensor(&name("ffn_up.weight"))?,
+                down: f.tensor(&name("ffn_down.weight"))?,
+            });
+        }
+        progress(config.layers, config.layers);
+        let out_norm = f.tensor("output_norm.weight")?.to_vec();
+        let output = if f.has_tensor("output.weight") {
+            Some(f.tensor("output.weight")?)
+        } else {
+            None
+        };
+        let half = config.head_dim / 2;
+        let inv_freq = (0..half)
+            .map(|i| {
+                1.0 / config
+                    .rope_base
+                    .powf(2.0 * i as f32 / config.head_dim as f32)
+            })
+            .collect();
+        Ok(Self {
+            config,
+            embeddings,
+            layers,
+            out_norm,
+            output,
+            inv_freq,
+        })
+    }
+
+    pub fn vocab_size(&self) -> usize {
+        self.output.as_ref().unwrap_or(&self.embeddings).rows()
+    }
+}
+
+/// A model instance: shared weights plus its own KV cache.
+pub struct Transformer {
+    name: String,
+    weights: Arc<Weights>,
+    cache: KvCache,
+    max_len: usize,
+}
+
+impl Transformer {
+    /// A fresh instance over `weights`, whose context holds at most `max_len` tokens
+    /// (capped at the model's trained context length).
+    pub fn new(name: impl Into<String>, weights: Arc<Weights>, max_len: Option<usize>) -> Self {
+        let c = &weights.config;
+        let max_len = max_len.map_or(c.context_length, |m| m.min(c.context_length));
+        Self {
+            name: name.into(),
+            cache: KvCache::new(c.layers, c.kv_heads, c.head_dim),
+            weights,
+            max_len,
+        }
+    }
+
+    /// Runs the layers over `tokens` at the next positions; returns the final hidden rows.
+    fn hidden(&mut self, tokens: &[u32]) -> Result<Vec<f32>> {
+        let w = &*self.weights;
+        let c = &w.config;
+        let (m, d, hd) = (tokens.len(), c.hidden, c.head_dim);
+        let pos0 = self.cache.len();
+        if pos0 + m > self.max_len {
+            return Err(Error::PromptTooLong {
+                model: self.name.clone(),
+                prompt: pos0 + m,
+                context: self.max_len,
+            });
+        }
+        let vocab = w.embeddings.rows();
+        let mut x = vec![0f32; m * d];
+        for (row, &t) in x.chunks_mut(d).zip(tokens) {
+            if t as usize >= vocab {
+                return Err(Error::Tokenizer(format!(
+                    "token id {t} is outside the vocabulary of `{}` ({vocab} tokens)",
+                    self.name
+                )));
+            }
+            w.embeddings.row(t as usize, row);
+        }
+        let (qd, kvd, ffd) = (c.heads * hd, c.kv_heads * hd, w.layers[0].gate.rows());
+        let mut h = vec![0f32; m * d];
+        let (mut q, mut k, mut v) = (vec![0f32; m * qd], vec![0f32; m * kvd], vec![0f32; m * kvd]);
+        let mut att = vec![0f32; m * qd];
+        let mut proj = vec![0f32; m * d];
+        let (mut g, mut u) = (vec![0f32; m * ffd], vec![0f32; m * ffd]);
+        for (li, l) in w.layers.iter().enumerate() {
+            rms_norm(&x, &l.attn_norm, c.rms_eps, &mut h);
+            l.wq.matmul(&h, &mut q)?;
+            l.wk.matmul(&h, &mut k)?;
+            l.wv.matmul(&h, &mut v)?;
+            add_bias(&mut q, l.bias_q.as_deref());
+            add_bias(&mut k, l.bias_k.as_deref());
+            add_bias(&mut v, l.bias_v.as_deref());
+            rope(&mut q, c.heads, hd, pos0, &w.inv_freq, c.rope_style);
+            rope(&mut k, c.kv_heads, hd, pos0, &w.inv_freq, c.rope_style);
+            self.cache.append(li, &k, &v);
+            let (keys, values) = self.cache.layer(li);
+            attention(&q, keys, values, pos0, c, &mut att);
+            l.wo.matmul(&att, &mut proj)?;
+            add(&mut x, &proj);
+            rms_norm(&x, &l.ffn_norm, c.rms_eps, &mut h);
+            l.gate.matmul(&h, &mut g)?;
+            l.up.matmul(&h, &mut u)?;
+            for (g, u) in g.iter_mut().zip(&u) {
+                *g = *g / (1.0 + (-*g).exp()) * u;
+            }
+            l.down.matmul(&g, &mut proj)?;
+            add(&mut x, &proj);
+        }
+        self.cache.commit(m);
+        rms_norm(&x.clone(), &w.out_norm, c.rms_eps, &mut x);
+        Ok(x)
+    }
+}
+
+impl Model for Transformer {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn forward(&mut self, tokens: &[u32]) -> Result<Logits> {
+        let hidden = self
+            .hidden(tokens)
+            .inspect_err(|_| self.cache.discard_uncommitted())?;
+        let w = &*self.weights;
+        let out = w.output.as_ref().unwrap_or(&w.embeddings);
+        let mut data = vec![0f32; tokens.len() * out.rows()];
+        out.matmul(&hidden, &mut data)?;
+        Ok(Logits::new(data, out.rows()))
+    }
+
+    fn prefill(&mut self, tokens: &[u32]) -> Result<()> {
+        // Chunks bound the activation memory; rows are independent, so chunking changes nothing.
+        for chunk in tokens.chunks(256) {
+            self.hidden(chunk)
+                .inspect_err(|_| self.cache.discard_uncommitted())?;
+        }
+        Ok(())
+    }
+
+    fn len(&self) -> usize {
+        self.cache.len()
+    }
+
+    fn truncate(&mut self, len: usize) {
+        self.cache.truncate(len)
+    }
+
+    fn vocab_size(&self) -> usize {
+        self.weights.vocab_size()
+    }
+
+    fn max_len(&self) -> usize {
+        self.max_len
+    }
+}
+
+fn rms_norm(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
+    let d = weight.len();
+    for (xr, or) in x.chunks(d).zip(out.chunks_mut(d)) {
+        let ss: f32 = xr.iter().map(|v| v * v).sum::<f32>() / d as f32;
+        let scale = 1.0 / (ss + eps).sqrt();
+        for ((o, &xv), &wv) in or.iter_mut().zip(xr).zip(weight) {
+            *o = xv * scale * wv;
+        }
+    }
+}
+
+fn add(x: &mut [f32], y: &[f32]) {
+    x.iter_mut().zip(y).for_each(|(a, b)| *a += b);
+}
+
+fn add_bias(x: &mut [f32], bias: Option<&[f32]>) {
+    if let Some(b) = bias {
+        x.chunks_mut(b.len()).for_each(|row| add(row, b));
+    }
+}
+
+/// Rotates every head of every row; a row holds `heads * head_dim` values of the token at
+/// position `pos0 + row`.
+fn rope(
+    x: &mut [f32],
+    heads: usize,
+    head_dim: usize,
+    pos0: usize,
+    inv_freq: &[f32],
+    style: RopeStyle,
+) {
+    let half = head_dim / 2;
+    let mut sincos = vec![(0f32, 0f32); half];
+    for (t, row) in x.chunks_mut(heads * head_dim).enumerate() {
+        let pos = (pos0 + t) as f32;
+        for (sc, &f) in sincos.iter_mut().zip(inv_freq) {
+            *sc = (pos * f).sin_cos();
+        }
+        for head in row.chunks_mut(head_dim) {
+            for (i, &(sin, cos)) in sincos.iter().enumerate() {
+                let (a, b) = match style {
+                    RopeStyle::Halves => (i, i + half),
+                    RopeStyle::Interleaved => (2 * i, 2 * i + 1),
+                };
+                let (x0, x1) = (head[a], head[b]);
+                head[a] = x0 * cos - x1 * sin;
+                head[b] = x0 * sin + x1 * cos;
+            }
+        }
+    }
+}
+
+/// Causal attention of the `m` query rows (positions `pos0..pos0 + m`) over the cached keys
+/// and values (`pos0 + m` positions, including these rows'). Each (token, head) pair is
+/// computed on its own, in the same order whatever `m` is.
+fn attention(q: &[f32], keys: &[f32], values: &[f32], pos0: usize, c: &Config, out: &mut [f32]) {
+    let hd = c.head_dim;
+    let group = c.heads / c.kv_heads;
+    let kv_row = c.kv_heads * hd;
+    let scale = 1.0 / (hd as f32).sqrt();
+    out.par_chunks_mut(hd)
+        .enumerate()
+        .for_each_init(Vec::new, |scores, (i, o)| {
+            let (t, h) = (i / c.heads, i % c.heads);
+            let kv = (h / group) * hd;
+            let qh = &q[i * hd..(i + 1) * hd];
+            let n = pos0 + t + 1;
+            scores.clear();
+            scores.extend(
+                (0..n).map(|j| dot(qh, &keys[j * kv_row + kv..j * kv_row + kv + hd]) * scale),
+            );
+            let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            let mut sum = 0f32;
+            for s in scores.iter_mut() {
+                *s = (*s - max).exp();
+                sum += *s;
+            }
+            o.fill(0.0);
+            for (j, &s) in scores.iter().enumerate() {
+                let w = s / sum;
+                let vj = &values[j * kv_row + kv..j * kv_row + kv + hd];
+                o.iter_mut().zip(vj).for_each(|(o, v)| *o += w * v);
+            }
+        });
+}
+
+/// A dot product in a fixed order (eight lanes, then a fixed reduction) that vectorizes well.
+fn dot(a: &[f32], b: &[f32]) -> f32 {
+    let mut acc = [0f32; 8];
+    let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
+    let tail: f32 = ca
+        .remainder()
+        .iter()
+        .zip(cb.remainder())
+        .map(|(x, y)| x * y)
+        .sum();
+    for (x, y) in ca.zip(cb) {
+        for l in 0..8 {
+            acc[l] += x[l] * y[l];
+        }
+    }
+    acc.iter().sum::<f32>() + tail
+}

@@ -1,0 +1,182 @@
+//! The review step: one operation for the target's verification and a cascade's inner review.
+//!
+//! Given a draft `x_1..x_k` with the distributions `q_i` it was sampled from, and the
+//! reviewer's logits for the `k + 1` positions, [`review`] walks the draft (Leviathan et al.
+//! 2023, Algorithm 1; Chen et al. 2023, Algorithm 2):
+//!
+//! - **accepted** tokens: `x_i` is kept with probability `min(1, l * p_i(x_i) / q_i(x_i))`;
+//! - the **recovered** token: at the first rejection, a token is drawn from the residual
+//!   `norm(max(0, p_i - q_i))` and the rest of the draft is dropped;
+//! - the **bonus** token: if all `k` are kept, one more is drawn from `p_{k+1}`.
+//!
+//! So a review always yields at least one new token. With lenience `l = 1` the output follows
+//! `p` exactly, whatever `q` is. At temperature 0 the distributions are point masses and the
+//! rule becomes "keep `x_i` while it is the reviewer's argmax"; lenience then applies before
+//! standardization: keep `x_i` if `p_raw(x_i) >= max(p_raw) / l` (Leviathan et al., A.5).
+//! `l > 1` changes the output distribution: it is for reviews inside a cascade, never the target.
+
+use crate::model::Logits;
+use crate::sampling::{argmax, sample_weights, Dist, Sampling};
+use rand::Rng;
+
+/// What a review decided: the first `accepted` draft tokens are kept, then `next` follows
+/// (the recovered token after a rejection, or the bonus token when all were kept).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Verdict {
+    pub accepted: usize,
+    pub next: u32,
+}
+
+/// Reviews `draft` (with its distributions `q`) against `logits`, whose row `i` scores
+/// position `i` of the draft and row `draft.len()` the position after it.
+pub fn review(
+    draft: &[u32],
+    q: &[Dist],
+    logits: &Logits,
+    sampling: &Sampling,
+    lenience: f32,
+    rng: &mut impl Rng,
+) -> Verdict {
+    debug_assert_eq!(draft.len(), q.len());
+    debug_assert!(logits.rows() > draft.len());
+    for (i, (&x, qi)) in draft.iter().zip(q).enumerate() {
+        let row = logits.row(i);
+        if sampling.is_greedy() {
+            let best = argmax(row);
+            let kept = x == best
+                || (lenience > 1.0 && row[x as usize] >= row[best as usize] - lenience.ln());
+            if !kept {
+                return Verdict {
+                    accepted: i,
+                    next: best,
+                };
+            }
+            continue;
+        }
+        let p = sampling.distribution(row);
+        let (px, qx) = (p.prob(x), qi.prob(x));
+        // u < l p / q, written without the division (q(x) > 0 for a token drawn from q).
+        if rng.random::<f32>() * qx >= lenience * px {
+            return Verdict {
+                accepted: i,
+                next: residual_sample(&p, qi, rng),
+            };
+        }
+    }
+    let bonus = sampling.distribution(logits.row(draft.len()));
+    Verdict {
+        accepted: draft.len(),
+        next: bonus.sample(rng),
+    }
+}
+
+/// Draws from `norm(max(0, p - q))`; if that is empty (p <= q everywhere, so p = q up to
+/// rounding), from `p`.
+pub fn residual_sample(p: &Dist, q: &Dist, rng: &mut impl Rng) -> u32 {
+    let Dist::Dense(pd) = p else {
+        return p.argmax(); // a point-mass p: the only token it allows
+    };
+    let residual: Vec<f32> = match q {
+        Dist::Point(t) => {
+            let mut r = pd.clone();
+            r[*t as usize] = 0.0;
+            r
+        }
+        Dist::Dense(qd) => pd.iter().zip(qd).map(|(p, q)| (p - q).max(0.0)).collect(),
+    };
+    if residual.iter().any(|&r| r > 0.0) {
+        sample_weights(&residual, rng)
+    } else {
+        p.sample(rng)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::SeedableRng;
+
+    fn logits(rows: &[&[f32]]) -> Logits {
+        Logits::new(rows.concat(), rows[0].len())
+    }
+
+    fn greedy(draft: &[u32], rows: &[&[f32]], lenience: f32) -> Verdict {
+        let q: Vec<Dist> = draft.iter().map(|&t| Dist::Point(t)).collect();
+        let mut rng = rand::rngs::StdRng::seed_from_u64(0);
+        review(
+            draft,
+            &q,
+            &logits(rows),
+            &Sampling::greedy(),
+            lenience,
+            &mut rng,
+        )
+    }
+
+    // Greedy tables: argmaxes per row are 1, 2, 0, 3.
+    const ROWS: [&[f32]; 4] = [
+        &[0., 5., 1., 0.],
+        &[0., 0., 5., 1.],
+        &[5., 0., 0., 4.],
+        &[0., 0., 0., 9.],
+    ];
+
+    #[test]
+    fn greedy_perfect_match_gets_the_bonus() {
+        assert_eq!(
+            greedy(&[1, 2, 0], &ROWS, 1.0),
+            Verdict {
+                accepted: 3,
+                next: 3
+            }
+        );
+    }
+
+    #[test]
+    fn greedy_early_mismatch_recovers_the_argmax() {
+        assert_eq!(
+            greedy(&[1, 3, 0], &ROWS, 1.0),
+            Verdict {
+                accepted: 1,
+                next: 2
+            }
+        );
+        assert_eq!(
+            greedy(&[0, 2, 0], &ROWS, 1.0),
+            Verdict {
+                accepted: 0,
+                next: 1
+            }
+        );
+    }
+
+    #[test]
+    fn greedy_empty_draft_is_one_autoregressive_step() {
+        assert_eq!(
+            greedy(&[], &ROWS, 1.0),
+            Verdict {
+                accepted: 0,
+                next: 1
+            }
+        );
+    }
+
+    #[test]
+    fn greedy_lenience_accepts_near_maxima_only() {
+        // Row 2: token 3 has logit 4 vs max 5, so p_raw(3) / max p_raw = e^-1 ≈ 0.37.
+        assert_eq!(
+            greedy(&[1, 2, 3], &ROWS, 2.0),
+            Verdict {
+                accepted: 2,
+                next: 0
+            }
+        );
+        assert_eq!(
+            greedy(&[1, 2, 3], &ROWS, 3.0),
+            Verdict {
+                accepted: 3,
+                next: 3
+            }
+        );
+    }
+}

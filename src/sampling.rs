@@ -1,0 +1,302 @@
+//! From logits to an explicit probability distribution, the same way for target and drafters.
+//!
+//! Speculative sampling is exact only if the target's distribution `p` and each drafter's `q`
+//! are the distributions tokens are actually sampled from (Leviathan et al. 2023, section 2.2:
+//! "standardized sampling"). Temperature, top-k and top-p are therefore one transformation,
+//! [`Sampling::distribution`], applied identically everywhere; temperature 0 gives a point mass.
+
+use crate::error::{Error, Result};
+use rand::Rng;
+use serde::{Deserialize, Serialize};
+
+/// Sampling settings. `temperature = 0` is greedy; `top_k = 0` and `top_p = 1` disable those filters.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Sampling {
+    #[serde(default)]
+    pub temperature: f32,
+    #[serde(default)]
+    pub top_k: usize,
+    #[serde(default = "one")]
+    pub top_p: f32,
+}
+
+fn one() -> f32 {
+    1.0
+}
+
+impl Default for Sampling {
+    fn default() -> Self {
+        Self::greedy()
+    }
+}
+
+/// A distribution over token ids: a point mass (greedy, or a deterministic drafter) or dense
+/// probabilities over the whole vocabulary, summing to 1.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Dist {
+    Point(u32),
+    Dense(Vec<f32>),
+}
+
+impl Sampling {
+    pub fn greedy() -> Self {
+        Self {
+            temperature: 0.0,
+            top_k: 0,
+            top_p: 1.0,
+        }
+    }
+
+    /// Checks the ranges: temperature finite and >= 0, top-p in (0, 1].
+    pub fn validate(&self) -> Result<()> {
+        if !self.temperature.is_finite() || self.temperature < 0.0 {
+            return Err(Error::Sampling(format!(
+                "temperature must be a finite number >= 0, got {}",
+                self.temperature
+            )));
+        }
+        if !(self.top_p > 0.0 && self.top_p <= 1.0) {
+            return Err(Error::Sampling(format!(
+                "top_p must be in (0, 1], got {}",
+                self.top_p
+            )));
+        }
+        Ok(())
+    }
+
+    pub fn is_greedy(&self) -> bool {
+        self.temperature == 0.0
+    }
+
+    /// The distribution tokens are sampled from, given raw `logits`.
+    pub fn distribution(&self, logits: &[f32]) -> Dist {
+        if self.is_greedy() {
+            return Dist::Point(argmax(logits));
+        }
+        let inv_t = 1.0 / self.temperature;
+        let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let mut probs: Vec<f32> = logits.iter().map(|&l| ((l - max) * inv_t).exp()).collect();
+        let n = probs.len();
+        if self.top_k > 0 && self.top_k < n {
+            let keep = top_indices(&probs, self.top_k);
+            let mut kept = vec![0f32; n];
+            for i in keep {
+                kept[i] = probs[i];
+            }
+            probs = kept;
+        }
+        if self.top_p < 1.0 {
+            apply_top_p(&mut probs, self.top_p);
+        }
+        let total: f32 = probs.iter().sum();
+        probs.iter_mut().for_each(|p| *p /= total);
+        Dist::Dense(probs)
+    }
+}
+
+/// The index of the largest value (the lowest index among equals).
+pub fn argmax(values: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, &v) in values.iter().enumerate() {
+        if v > values[best] {
+            best = i;
+        }
+    }
+    best as u32
+}
+
+/// Indices of the `k` largest values, ties broken by lower index; in descending order.
+fn top_indices(values: &[f32], k: usize) -> Vec<usize> {
+    let order = |a: &usize, b: &usize| values[*b].total_cmp(&values[*a]).then(a.cmp(b));
+    let mut idx: Vec<usize> = (0..values.len()).collect();
+    if k < idx.len() {
+        idx.select_nth_unstable_by(k - 1, order);
+        idx.truncate(k);
+    }
+    idx.sort_unstable_by(order);
+    idx
+}
+
+/// Keeps the smallest set of most likely tokens whose mass reaches `top_p` of the total
+/// (ties broken by lower index). Sorting the whole vocabulary per position is costly, so the
+/// 1024 most likely tokens are tried first; the full sort runs only if they fall short.
+fn apply_top_p(probs: &mut [f32], top_p: f32) {
+    let total: f32 = probs.iter().sum();
+    let target = top_p * total;
+    let nonzero = probs.iter().filter(|&&p| p > 0.0).count();
+    let mut try_k = 1024.min(nonzero);
+    loop {
+        let idx = top_indices(probs, try_k);
+        let mut cum = 0f32;
+        let mut cut = None;
+        for (n, &i) in idx.iter().enumerate() {
+            cum += probs[i];
+            if cum >= target {
+                cut = Some(n + 1);
+                break;
+            }
+        }
+        if let Some(cut) = cut.or((try_k == nonzero).then_some(try_k)) {
+            let mut keep = vec![false; probs.len()];
+            idx[..cut].iter().for_each(|&i| keep[i] = true);
+            probs.iter_mut().zip(keep).for_each(|(p, k)| {
+                if !k {
+                    *p = 0.0
+                }
+            });
+            return;
+        }
+        try_k = nonzero;
+    }
+}
+
+impl Dist {
+    /// Probability of `id`.
+    pub fn prob(&self, id: u32) -> f32 {
+        match self {
+            Dist::Point(t) => (*t == id) as u8 as f32,
+            Dist::Dense(p) => p.get(id as usize).copied().unwrap_or(0.0),
+        }
+    }
+
+    /// Draws one token.
+    pub fn sample(&self, rng: &mut impl Rng) -> u32 {
+        match self {
+            Dist::Point(t) => *t,
+            Dist::Dense(p) => sample_weights(p, rng),
+        }
+    }
+
+    /// The most likely token (lowest id among equals).
+    pub fn argmax(&self) -> u32 {
+        match self {
+            Dist::Point(t) => *t,
+            Dist::Dense(p) => argmax(p),
+        }
+    }
+
+    /// Dense probabilities over `vocab` tokens.
+    pub fn to_dense(&self, vocab: usize) -> Vec<f32> {
+        match self {
+            Dist::Point(t) => {
+                let mut v = vec![0f32; vocab];
+                v[*t as usize] = 1.0;
+                v
+            }
+            Dist::Dense(p) => p.clone(),
+        }
+    }
+}
+
+/// Draws an index with probability proportional to `weights` (non-negative, positive sum).
+pub fn sample_weights(weights: &[f32], rng: &mut impl Rng) -> u32 {
+    let total: f32 = weights.iter().sum();
+    let mut u = rng.random::<f32>() * total;
+    let mut last = 0;
+    for (i, &w) in weights.iter().enumerate() {
+        if w > 0.0 {
+            if u < w {
+                return i as u32;
+            }
+            u -= w;
+            last = i;
+        }
+    }
+    last as u32 // rounding left u just above the last weight
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn dense(d: Dist) -> Vec<f32> {
+        match d {
+            Dist::Dense(p) => p,
+            Dist::Point(_) => panic!("expected dense"),
+        }
+    }
+
+    #[test]
+    fn greedy_is_a_point_mass_on_the_first_maximum() {
+        let s = Sampling::greedy();
+        assert_eq!(s.distribution(&[0.1, 3.0, -1.0, 3.0]), Dist::Point(1));
+    }
+
+    #[test]
+    fn temperature_one_is_softmax() {
+        let s = Sampling {
+            temperature: 1.0,
+            top_k: 0,
+            top_p: 1.0,
+        };
+        let p = dense(s.distribution(&[0.0, (2f32).ln()]));
+        assert!((p[0] - 1.0 / 3.0).abs() < 1e-6 && (p[1] - 2.0 / 3.0).abs() < 1e-6);
+    }
+
+    #[test]
+    fn top_k_keeps_k_tokens_with_ties_to_lower_ids() {
+        let s = Sampling {
+            temperature: 1.0,
+            top_k: 2,
+            top_p: 1.0,
+        };
+        let p = dense(s.distribution(&[1.0, 2.0, 2.0, 2.0, 0.0]));
+        assert_eq!(p, vec![0.0, 0.5, 0.5, 0.0, 0.0]);
+    }
+
+    #[test]
+    fn top_p_keeps_the_smallest_prefix_reaching_p() {
+        // probs 0.5, 0.3, 0.2: top_p 0.7 needs 0.5 + 0.3.
+        let logits: Vec<f32> = [0.5f32, 0.3, 0.2].iter().map(|p| p.ln()).collect();
+        let s = Sampling {
+            temperature: 1.0,
+            top_k: 0,
+            top_p: 0.7,
+        };
+        let p = dense(s.distribution(&logits));
+        assert!((p[0] - 0.625).abs() < 1e-6 && (p[1] - 0.375).abs() < 1e-6 && p[2] == 0.0);
+        // The fast path (top 1024 first) agrees with the full sort on a large vocabulary.
+        let big: Vec<f32> = (0..5000)
+            .map(|i| ((i * 7919) % 5000) as f32 / 1000.0)
+            .collect();
+        let s = Sampling {
+            temperature: 2.0,
+            top_k: 0,
+            top_p: 0.999,
+        };
+        let p = dense(s.distribution(&big));
+        let kept = p.iter().filter(|&&x| x > 0.0).count();
+        assert!(kept > 1024 && kept < 5000, "kept {kept}");
+    }
+
+    #[test]
+    fn invalid_settings_are_refused() {
+        let bad = |t: f32, p: f32| {
+            Sampling {
+                temperature: t,
+                top_k: 0,
+                top_p: p,
+            }
+            .validate()
+            .unwrap_err()
+            .to_string()
+        };
+        assert_eq!(
+            bad(-0.5, 1.0),
+            "invalid sampling setting: temperature must be a finite number >= 0, got -0.5"
+        );
+        assert_eq!(
+            bad(f32::NAN, 1.0),
+            "invalid sampling setting: temperature must be a finite number >= 0, got NaN"
+        );
+        assert_eq!(
+            bad(1.0, 0.0),
+            "invalid sampling setting: top_p must be in (0, 1], got 0"
+        );
+        assert_eq!(
+            bad(1.0, 1.5),
+            "invalid sampling setting: top_p must be in (0, 1], got 1.5"
+        );
+    }
+}

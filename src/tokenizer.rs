@@ -1,0 +1,117 @@
+//! Tokenizers: built from the GGUF's embedded vocabulary, or read from a `tokenizer.json`.
+
+use crate::error::{Error, Result};
+use crate::model::gguf::GgufFile;
+use candle_core::quantized::tokenizer::TokenizerFromGguf;
+use std::hash::Hasher;
+use std::path::Path;
+
+/// Token names that end a turn or a document in the model families we load.
+const END_TOKENS: [&str; 4] = ["<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<end_of_turn>"];
+
+/// A tokenizer with the model-level facts generation needs: end-of-sequence ids,
+/// the chat template, and a fingerprint of the vocabulary for compatibility checks.
+#[derive(Clone)]
+pub struct Tokenizer {
+    inner: tokenizers::Tokenizer,
+    eos: Vec<u32>,
+    chat_template: Option<String>,
+    bos_token: Option<String>,
+    fingerprint: u64,
+}
+
+impl Tokenizer {
+    /// The tokenizer of a GGUF model: from `tokenizer_json` if given, else from the GGUF itself.
+    pub fn load(gguf: &GgufFile, tokenizer_json: Option<&Path>) -> Result<Self> {
+        let inner = match tokenizer_json {
+            Some(p) => tokenizers::Tokenizer::from_file(p)
+                .map_err(|e| Error::Tokenizer(format!("{}: {e}", p.display())))?,
+            None => tokenizers::Tokenizer::from_gguf(&gguf.content)
+                .map_err(|e| Error::Tokenizer(format!("{}: {e}", gguf.path.display())))?,
+        };
+        let token_id = |key: &str| gguf.usize(key).ok().map(|v| v as u32);
+        let mut eos: Vec<u32> = token_id("tokenizer.ggml.eos_token_id")
+            .into_iter()
+            .collect();
+        eos.extend(END_TOKENS.iter().filter_map(|t| inner.token_to_id(t)));
+        eos.sort_unstable();
+        eos.dedup();
+        let bos_token =
+            token_id("tokenizer.ggml.bos_token_id").and_then(|id| inner.id_to_token(id));
+        let chat_template = gguf.string("tokenizer.chat_template").ok();
+        let fingerprint = fingerprint(&inner);
+        Ok(Self {
+            inner,
+            eos,
+            chat_template,
+            bos_token,
+            fingerprint,
+        })
+    }
+
+    /// Wraps a `tokenizers::Tokenizer` directly (synthetic vocabularies in tests, plug-ins):
+    /// `eos` lists the end-of-sequence ids.
+    pub fn from_parts(inner: tokenizers::Tokenizer, eos: Vec<u32>) -> Self {
+        let fingerprint = fingerprint(&inner);
+        Self {
+            inner,
+            eos,
+            chat_template: None,
+            bos_token: None,
+            fingerprint,
+        }
+    }
+
+    pub fn encode(&self, text: &str) -> Result<Vec<u32>> {
+        let enc = self
+            .inner
+            .encode(text, true)
+            .map_err(|e| Error::Tokenizer(format!("encoding failed: {e}")))?;
+        Ok(enc.get_ids().to_vec())
+    }
+
+    /// Decodes `ids`, special tokens omitted.
+    pub fn decode(&self, ids: &[u32]) -> Result<String> {
+        self.inner
+            .decode(ids, true)
+            .map_err(|e| Error::Tokenizer(format!("decoding failed: {e}")))
+    }
+
+    pub fn is_eos(&self, id: u32) -> bool {
+        self.eos.contains(&id)
+    }
+
+    pub fn eos_ids(&self) -> &[u32] {
+        &self.eos
+    }
+
+    pub fn chat_template(&self) -> Option<&str> {
+        self.chat_template.as_deref()
+    }
+
+    pub fn bos_token(&self) -> Option<&str> {
+        self.bos_token.as_deref()
+    }
+
+    /// Number of tokens, special ones included.
+    pub fn vocab_size(&self) -> usize {
+        self.inner.get_vocab_size(true)
+    }
+
+    /// A hash of every (id, token) pair: equal fingerprints mean the same ids mean the same text.
+    pub fn fingerprint(&self) -> u64 {
+        self.fingerprint
+    }
+}
+
+fn fingerprint(t: &tokenizers::Tokenizer) -> u64 {
+    let mut h = fxhash::FxHasher64::default();
+    for id in 0..t.get_vocab_size(true) as u32 {
+        h.write_u32(id);
+        if let Some(tok) = t.id_to_token(id) {
+            h.write(tok.as_bytes());
+        }
+        h.write_u8(0xff);
+    }
+    h.finish()
+}

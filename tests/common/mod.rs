@@ -1,0 +1,130 @@
+//! Shared test helpers: a synthetic model with exactly known distributions, a matching
+//! synthetic tokenizer, and the real test models (fetched by scripts/fetch-models.sh).
+#![allow(dead_code)]
+
+use cascade::model::{LoadedModel, Logits, Model};
+use cascade::tokenizer::Tokenizer;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+
+/// A deterministic synthetic language model over a small vocabulary: the logits of the token
+/// after `prev` at position `pos` are a fixed pseudo-random function of (seed, prev, pos).
+/// Two toy models with different seeds disagree, as a draft and a target do.
+pub struct ToyModel {
+    pub seed: u64,
+    pub vocab: usize,
+    /// Scales the logits: larger is peakier.
+    pub sharpness: f32,
+    pub tokens: Vec<u32>,
+    pub max_len: usize,
+    pub calls: usize,
+}
+
+impl ToyModel {
+    pub fn new(seed: u64, vocab: usize, sharpness: f32) -> Self {
+        Self {
+            seed,
+            vocab,
+            sharpness,
+            tokens: Vec::new(),
+            max_len: 4096,
+            calls: 0,
+        }
+    }
+
+    /// The logits after `context` (so a test can compute exact target distributions).
+    pub fn logits_after(&self, context: &[u32]) -> Vec<f32> {
+        let prev = *context.last().unwrap() as u64;
+        let pos = context.len() as u64;
+        (0..self.vocab as u64)
+            .map(|t| {
+                let mut h = self.seed
+                    ^ (prev.wrapping_mul(0x9e37_79b9_7f4a_7c15))
+                    ^ (pos << 32)
+                    ^ (t << 48);
+                h ^= h >> 31;
+                h = h.wrapping_mul(0xbf58_476d_1ce4_e5b9);
+                h ^= h >> 29;
+                h = h.wrapping_mul(0x94d0_49bb_1331_11eb);
+                h ^= h >> 32;
+                (h % 1000) as f32 / 1000.0 * self.sharpness
+            })
+            .collect()
+    }
+}
+
+impl Model for ToyModel {
+    fn name(&self) -> &str {
+        "toy"
+    }
+    fn forward(&mut self, tokens: &[u32]) -> cascade::Result<Logits> {
+        self.calls += 1;
+        let mut data = Vec::new();
+        for &t in tokens {
+            self.tokens.push(t);
+            data.extend(self.logits_after(&self.tokens));
+        }
+        Ok(Logits::new(data, self.vocab))
+    }
+    fn len(&self) -> usize {
+        self.tokens.len()
+    }
+    fn truncate(&mut self, len: usize) {
+        self.tokens.truncate(len);
+    }
+    fn vocab_size(&self) -> usize {
+        self.vocab
+    }
+    fn max_len(&self) -> usize {
+        self.max_len
+    }
+}
+
+/// A word-level tokenizer whose tokens are `t0 .. t{vocab-1}`, with no end-of-sequence id.
+pub fn toy_tokenizer(vocab: usize) -> Tokenizer {
+    use tokenizers::models::wordlevel::WordLevel;
+    let words = (0..vocab as u32).map(|i| (format!("t{i}"), i)).collect();
+    let model = WordLevel::builder()
+        .vocab(words)
+        .unk_token("t0".into())
+        .build()
+        .unwrap();
+    let mut t = tokenizers::Tokenizer::new(model);
+    t.with_pre_tokenizer(Some(tokenizers::pre_tokenizers::whitespace::Whitespace {}));
+    Tokenizer::from_parts(t, Vec::new())
+}
+
+pub fn models_dir() -> PathBuf {
+    std::env::var_os("CASCADE_MODELS_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("models"))
+}
+
+pub const TARGET: &str = "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf";
+pub const DRAFT: &str = "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf";
+pub const SMOLLM2: &str = "smollm2-135m-instruct-q4_1.gguf";
+
+/// A real model, loaded once per test binary. Missing files fail loudly: the README's test
+/// command fetches them first.
+pub fn real(file: &str) -> Arc<LoadedModel> {
+    static LOADED: OnceLock<Mutex<Vec<(String, Arc<LoadedModel>)>>> = OnceLock::new();
+    let cache = LOADED.get_or_init(Default::default);
+    let mut cache = cache.lock().unwrap();
+    if let Some((_, m)) = cache.iter().find(|(f, _)| f == file) {
+        return m.clone();
+    }
+    let path = models_dir().join(file);
+    let m = Arc::new(
+        LoadedModel::load(&path, None, &mut |_, _| {}).unwrap_or_else(|e| {
+            panic!("{e}\n(run scripts/fetch-models.sh to fetch the test models)")
+        }),
+    );
+    cache.push((file.to_string(), m.clone()));
+    m
+}
+
+/// Real-model tests take both cores each: run them one at a time.
+pub fn serial() -> MutexGuard<'static, ()> {
+    static LOCK: Mutex<()> = Mutex::new(());
+    LOCK.lock().unwrap_or_else(|e| e.into_inner())
+}

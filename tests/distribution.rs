@@ -1,0 +1,211 @@
+//! Speculative sampling reproduces the target's distribution exactly.
+//!
+//! On synthetic models with exactly computable distributions, the first two generated tokens
+//! are sampled many times with speculative decoding and compared with the target's exact
+//! joint distribution by a chi-square test. Each test's false-alarm rate is 1e-4 (critical
+//! value from the Wilson-Hilferty approximation); seeds are fixed, so results are stable.
+//! A reviewer that skips the residual must fail the same test.
+
+mod common;
+
+use cascade::drafter::NeuralDrafter;
+use cascade::engine::{Engine, GenerateOptions};
+use cascade::model::Logits;
+use cascade::review::Verdict;
+use cascade::sampling::{Dist, Sampling};
+use common::{toy_tokenizer, ToyModel};
+use rand::rngs::StdRng;
+use rand::Rng;
+
+const VOCAB: usize = 6;
+const SAMPLES: u64 = 20_000;
+const PROMPT: [u32; 3] = [1, 4, 2];
+/// Standard normal quantile for a one-sided false-alarm rate of 1e-4.
+const Z: f64 = 3.719;
+
+fn target() -> ToyModel {
+    ToyModel::new(11, VOCAB, 3.0)
+}
+
+fn drafter() -> ToyModel {
+    ToyModel::new(22, VOCAB, 4.0)
+}
+
+/// Exact probability of each (first, second) token pair under the target.
+fn exact(s: &Sampling) -> Vec<f64> {
+    let t = target();
+    let dense = |ctx: &[u32]| s.distribution(&t.logits_after(ctx)).to_dense(VOCAB);
+    let p1 = dense(&PROMPT);
+    let mut cells = vec![0f64; VOCAB * VOCAB];
+    for a in 0..VOCAB {
+        let mut ctx = PROMPT.to_vec();
+        ctx.push(a as u32);
+        let p2 = dense(&ctx);
+        for b in 0..VOCAB {
+            cells[a * VOCAB + b] = p1[a] as f64 * p2[b] as f64;
+        }
+    }
+    cells
+}
+
+fn engine(reviewer: Option<cascade::engine::ReviewFn>) -> Engine {
+    let d = NeuralDrafter::new("toy-draft", Box::new(drafter()));
+    let e = Engine::new(Box::new(target()), Some(Box::new(d)), toy_tokenizer(VOCAB));
+    match reviewer {
+        Some(r) => e.with_reviewer(r),
+        None => e,
+    }
+}
+
+/// Counts of (first, second) pairs over `SAMPLES` seeds, drafting `k` tokens per call.
+fn sampled(s: &Sampling, k: usize, reviewer: Option<cascade::engine::ReviewFn>) -> Vec<u64> {
+    let mut e = engine(reviewer);
+    let mut counts = vec![0u64; VOCAB * VOCAB];
+    let (mut drafted, mut accepted) = (0, 0);
+    // Generate k + 1 tokens so the first round drafts all k positions.
+    let mut opts = GenerateOptions {
+        max_new_tokens: k + 1,
+        sampling: *s,
+        k,
+        ..Default::default()
+    };
+    for seed in 0..SAMPLES {
+        opts.seed = seed;
+        let out = e.generate(&PROMPT, &opts, &mut |_| {}).unwrap();
+        counts[out.tokens[0] as usize * VOCAB + out.tokens[1] as usize] += 1;
+        drafted += out.stats.drafted;
+        accepted += out.stats.accepted;
+    }
+    // The test means something only if drafts are both accepted and rejected often.
+    let rate = accepted as f64 / drafted as f64;
+    assert!(
+        (0.2..0.9).contains(&rate),
+        "acceptance rate {rate:.2} makes the test weak"
+    );
+    counts
+}
+
+/// Chi-square goodness of fit; cells expecting fewer than 5 are pooled. Panics with the
+/// details if the fit is rejected at false-alarm rate 1e-4, or if an impossible pair appears.
+fn chi_square(expected_p: &[f64], counts: &[u64]) -> Result<f64, String> {
+    let n = counts.iter().sum::<u64>() as f64;
+    let (mut stat, mut cells) = (0.0, 0usize);
+    let (mut pool_e, mut pool_o) = (0.0, 0.0);
+    for (&p, &o) in expected_p.iter().zip(counts) {
+        if p == 0.0 && o > 0 {
+            return Err(format!("a pair of probability 0 was sampled {o} times"));
+        }
+        let e = p * n;
+        if e < 5.0 {
+            pool_e += e;
+            pool_o += o as f64;
+        } else {
+            stat += (o as f64 - e).powi(2) / e;
+            cells += 1;
+        }
+    }
+    if pool_e > 0.0 {
+        stat += (pool_o - pool_e).powi(2) / pool_e.max(1e-9);
+        cells += 1;
+    }
+    let df = (cells - 1).max(1) as f64;
+    let h = 2.0 / (9.0 * df);
+    let critical = df * (1.0 - h + Z * h.sqrt()).powi(3);
+    if stat > critical {
+        Err(format!(
+            "chi-square {stat:.1} > critical {critical:.1} (df {df})"
+        ))
+    } else {
+        Ok(stat)
+    }
+}
+
+fn settings() -> Vec<(&'static str, Sampling)> {
+    let s = |temperature, top_k, top_p| Sampling {
+        temperature,
+        top_k,
+        top_p,
+    };
+    vec![
+        ("temperature 0.7", s(0.7, 0, 1.0)),
+        ("temperature 1.0", s(1.0, 0, 1.0)),
+        ("top-k 3", s(1.0, 3, 1.0)),
+        ("top-p 0.8", s(1.0, 0, 0.8)),
+        ("temperature 0.7, top-k 4, top-p 0.9", s(0.7, 4, 0.9)),
+    ]
+}
+
+#[test]
+fn speculative_sampling_matches_the_target_distribution() {
+    let mut failures = Vec::new();
+    for (label, s) in settings() {
+        let p = exact(&s);
+        for k in [1, 4] {
+            match chi_square(&p, &sampled(&s, k, None)) {
+                Ok(stat) => eprintln!("{label}, K={k}: chi-square {stat:.1}"),
+                Err(e) => failures.push(format!("{label}, K={k}: {e}")),
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{failures:#?}");
+}
+
+#[test]
+fn greedy_speculative_output_is_the_targets_argmax_chain() {
+    let t = target();
+    let mut ctx = PROMPT.to_vec();
+    for _ in 0..6 {
+        let next = cascade::sampling::argmax(&t.logits_after(&ctx));
+        ctx.push(next);
+    }
+    let expected = &ctx[PROMPT.len()..];
+    for k in [1, 4] {
+        let mut e = engine(None);
+        for seed in 0..50 {
+            let opts = GenerateOptions {
+                max_new_tokens: 6,
+                k,
+                seed,
+                ..Default::default()
+            };
+            let out = e.generate(&PROMPT, &opts, &mut |_| {}).unwrap();
+            assert_eq!(out.tokens, expected, "K={k}, seed {seed}");
+        }
+    }
+}
+
+/// On rejection, samples from p instead of the residual max(0, p - q): a classic mistake.
+fn review_without_residual(
+    draft: &[u32],
+    q: &[Dist],
+    logits: &Logits,
+    s: &Sampling,
+    _lenience: f32,
+    rng: &mut StdRng,
+) -> Verdict {
+    for (i, (&x, qi)) in draft.iter().zip(q).enumerate() {
+        let p = s.distribution(logits.row(i));
+        if rng.random::<f32>() * qi.prob(x) >= p.prob(x) {
+            return Verdict {
+                accepted: i,
+                next: p.sample(rng),
+            };
+        }
+    }
+    let bonus = s.distribution(logits.row(draft.len()));
+    Verdict {
+        accepted: draft.len(),
+        next: bonus.sample(rng),
+    }
+}
+
+#[test]
+fn a_verifier_that_skips_the_residual_fails_the_test() {
+    for (label, s) in settings().into_iter().take(2) {
+        let counts = sampled(&s, 1, Some(review_without_residual));
+        assert!(
+            chi_square(&exact(&s), &counts).is_err(),
+            "{label}: the broken verifier went undetected"
+        );
+    }
+}
