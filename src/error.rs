@@ -38,7 +38,7 @@ pub enum Error {
         drafter_fp: u64,
     },
 
-    #[error("prompt has {prompt} tokens but the context of `{model}` holds {context} (prompt + max_new_tokens must fit)")]
+    #[error("prompt has {prompt} tokens but the context of `{model}` holds {context}, with room for at least one new token needed")]
     PromptTooLong {
         model: String,
         prompt: usize,

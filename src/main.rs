@@ -37,13 +37,13 @@ struct GenerateArgs {
     #[arg(short = 'n', long)]
     max_new_tokens: Option<usize>,
     /// Sampling temperature (0 = greedy).
-    #[arg(short, long)]
+    #[arg(short, long, allow_negative_numbers = true)]
     temperature: Option<f32>,
     /// Keep only the k most likely tokens (0 = off).
     #[arg(long)]
     top_k: Option<usize>,
     /// Keep the most likely tokens up to this probability mass (1 = off).
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     top_p: Option<f32>,
     /// Random seed; sample i of --num-samples uses seed + i.
     #[arg(short, long)]

@@ -107,7 +107,8 @@ pub const SMOLLM2: &str = "smollm2-135m-instruct-q4_1.gguf";
 /// A real model, loaded once per test binary. Missing files fail loudly: the README's test
 /// command fetches them first.
 pub fn real(file: &str) -> Arc<LoadedModel> {
-    static LOADED: OnceLock<Mutex<Vec<(String, Arc<LoadedModel>)>>> = OnceLock::new();
+    type Loaded = Vec<(String, Arc<LoadedModel>)>;
+    static LOADED: OnceLock<Mutex<Loaded>> = OnceLock::new();
     let cache = LOADED.get_or_init(Default::default);
     let mut cache = cache.lock().unwrap();
     if let Some((_, m)) = cache.iter().find(|(f, _)| f == file) {

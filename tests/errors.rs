@@ -1,0 +1,183 @@
+//! Bad input gets a clear error: one test per configuration and model-file error.
+
+mod common;
+
+use cascade::config::RawConfig;
+use cascade::model::LoadedModel;
+use common::{models_dir, serial, DRAFT, SMOLLM2};
+use std::path::Path;
+
+/// Validates `toml` with model paths relative to the models folder; returns the error text.
+fn config_error(toml: &str) -> String {
+    let err = RawConfig::parse(toml, "test.toml")
+        .and_then(|c| c.validate(&models_dir()).map(drop))
+        .expect_err("config should be refused");
+    err.to_string()
+}
+
+const TARGET_ONLY: &str = "[target]\nmodel = \"qwen2.5-coder-1.5b-instruct-q4_k_m.gguf\"\n";
+
+#[test]
+fn malformed_toml() {
+    let e = config_error("[target\nmodel = 1");
+    assert!(
+        e.starts_with("test.toml: TOML parse error at line 1, column 8"),
+        "{e}"
+    );
+}
+
+#[test]
+fn unknown_keys() {
+    let e = config_error(&format!("{TARGET_ONLY}temprature = 0.5\n"));
+    assert!(
+        e.starts_with("test.toml: TOML parse error at line 3"),
+        "{e}"
+    );
+    assert!(e.contains("unknown field `temprature`"), "{e}");
+    let e = config_error(&format!("{TARGET_ONLY}[sampling]\ntopp = 0.5\n"));
+    assert!(
+        e.contains("unknown field `topp`, expected one of `temperature`, `top_k`, `top_p`"),
+        "{e}"
+    );
+}
+
+#[test]
+fn k_zero() {
+    assert_eq!(
+        config_error(&format!("{TARGET_ONLY}k = 0\n")),
+        "target.k: must be >= 1 (tokens drafted per target call)"
+    );
+}
+
+#[test]
+fn negative_or_nan_temperature() {
+    assert_eq!(
+        config_error(&format!("{TARGET_ONLY}[sampling]\ntemperature = -1.0\n")),
+        "sampling: invalid sampling setting: temperature must be a finite number >= 0, got -1"
+    );
+    assert_eq!(
+        config_error(&format!("{TARGET_ONLY}[sampling]\ntemperature = nan\n")),
+        "sampling: invalid sampling setting: temperature must be a finite number >= 0, got NaN"
+    );
+}
+
+#[test]
+fn top_p_outside_unit_interval() {
+    for p in ["0.0", "1.5", "-0.2"] {
+        let e = config_error(&format!("{TARGET_ONLY}[sampling]\ntop_p = {p}\n"));
+        assert!(
+            e.starts_with("sampling: invalid sampling setting: top_p must be in (0, 1], got"),
+            "{e}"
+        );
+    }
+}
+
+#[test]
+fn lenience_at_the_target_needs_an_explicit_opt_in() {
+    assert_eq!(
+        config_error(&format!("{TARGET_ONLY}lenience = 2.0\n")),
+        "target.lenience: lenience 2 at the target changes the output distribution; \
+         set target.allow_inexact = true to accept that"
+    );
+    assert_eq!(
+        config_error(&format!(
+            "{TARGET_ONLY}lenience = 0.5\nallow_inexact = true\n"
+        )),
+        "target.lenience: must be a finite number >= 1, got 0.5"
+    );
+    let ok = RawConfig::parse(
+        &format!("{TARGET_ONLY}lenience = 2.0\nallow_inexact = true\n"),
+        "t",
+    )
+    .unwrap();
+    assert_eq!(ok.validate(&models_dir()).unwrap().options.lenience, 2.0);
+}
+
+#[test]
+fn unknown_drafter_name() {
+    let e = config_error(&format!(
+        "{TARGET_ONLY}drafter = \"big\"\n[drafters.small]\nkind = \"model\"\nmodel = \"{DRAFT}\"\n"
+    ));
+    assert_eq!(
+        e,
+        "target.drafter: unknown drafter `big` (defined in [drafters]: small)"
+    );
+}
+
+#[test]
+fn unknown_drafter_kind() {
+    let e = config_error(&format!(
+        "{TARGET_ONLY}[drafters.small]\nkind = \"oracle\"\nmodel = \"{DRAFT}\"\n"
+    ));
+    assert!(
+        e.contains("unknown variant `oracle`, expected `model`"),
+        "{e}"
+    );
+}
+
+#[test]
+fn missing_model_file() {
+    let e = config_error("[target]\nmodel = \"no-such-model.gguf\"\n");
+    assert_eq!(
+        e,
+        format!(
+            "model file not found: {}",
+            models_dir().join("no-such-model.gguf").display()
+        )
+    );
+}
+
+#[test]
+fn truncated_gguf() {
+    let src = std::fs::read(models_dir().join(SMOLLM2)).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let half = dir.path().join("half.gguf");
+    std::fs::write(&half, &src[..src.len() / 2]).unwrap();
+    let e = LoadedModel::load(&half, None, &mut |_, _| {})
+        .err()
+        .unwrap()
+        .to_string();
+    let prefix = format!(
+        "cannot read GGUF file {}: file is truncated: tensor `",
+        half.display()
+    );
+    assert!(
+        e.starts_with(&prefix) && e.ends_with(&format!("but the file has {} bytes", src.len() / 2)),
+        "{e}"
+    );
+    let header = dir.path().join("header.gguf");
+    std::fs::write(&header, &src[..1000]).unwrap();
+    let e = LoadedModel::load(&header, None, &mut |_, _| {})
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(
+        e.starts_with(&format!(
+            "cannot read GGUF file {}: invalid header",
+            header.display()
+        )),
+        "{e}"
+    );
+    let e = LoadedModel::load(Path::new("/nonexistent/x.gguf"), None, &mut |_, _| {})
+        .err()
+        .unwrap()
+        .to_string();
+    assert_eq!(e, "model file not found: /nonexistent/x.gguf");
+}
+
+#[test]
+fn vocabulary_mismatch_is_refused_at_load_time() {
+    let _s = serial();
+    let toml = format!("{TARGET_ONLY}drafter = \"smol\"\n[drafters.smol]\nkind = \"model\"\nmodel = \"{SMOLLM2}\"\n");
+    let plan = RawConfig::parse(&toml, "t")
+        .unwrap()
+        .validate(&models_dir())
+        .unwrap();
+    let e = plan.build(&mut |_, _, _| {}).err().unwrap().to_string();
+    assert!(
+        e.starts_with("vocabulary mismatch: drafter `smol` (49152 tokens, fingerprint ")
+            && e.contains("cannot draft for `target` (151936 tokens, fingerprint ")
+            && e.ends_with("a drafter must use the target's tokenizer"),
+        "{e}"
+    );
+}

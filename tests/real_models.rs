@@ -1,0 +1,263 @@
+//! The engine on the real test models (Qwen2.5-Coder 1.5B target, 0.5B draft, SmolLM2 135M),
+//! fetched by scripts/fetch-models.sh.
+
+mod common;
+
+use cascade::drafter::{Drafter, NeuralDrafter};
+use cascade::engine::{Engine, GenerateOptions, Generation};
+use cascade::model::Model;
+use cascade::sampling::Sampling;
+use common::{real, serial, DRAFT, SMOLLM2, TARGET};
+
+const PROMPTS: [&str; 3] = [
+    "def quicksort(arr):\n",
+    "Write a Python function that returns the n-th Fibonacci number.",
+    "# Parse a CSV file and print the sum of the second column\nimport csv\n",
+];
+
+fn engine(drafter: Option<Box<dyn Drafter>>) -> Engine {
+    let t = real(TARGET);
+    Engine::new(
+        Box::new(t.instance("target", None)),
+        drafter,
+        t.tokenizer.clone(),
+    )
+}
+
+fn draft_model(file: &str) -> Option<Box<dyn Drafter>> {
+    Some(Box::new(NeuralDrafter::new(
+        "draft",
+        Box::new(real(file).instance("draft", None)),
+    )))
+}
+
+fn encode(text: &str) -> Vec<u32> {
+    real(TARGET).tokenizer.encode(text).unwrap()
+}
+
+fn run(e: &mut Engine, prompt: &str, opts: &GenerateOptions) -> Generation {
+    e.generate(&encode(prompt), opts, &mut |_| {}).unwrap()
+}
+
+#[test]
+fn k_token_forward_equals_k_one_token_forwards_bit_for_bit() {
+    let _s = serial();
+    let mut m = real(TARGET).instance("target", None);
+    let prompt = encode(PROMPTS[0]);
+    let next = encode(" if len(arr) <= 1: return arr");
+    m.prefill(&prompt).unwrap();
+    let batch = m.forward(&next).unwrap();
+    m.truncate(prompt.len());
+    for (i, &t) in next.iter().enumerate() {
+        let one = m.forward(&[t]).unwrap();
+        assert!(
+            batch.row(i) == one.row(0),
+            "row {i} differs between the {}-token and the 1-token forward",
+            next.len()
+        );
+    }
+}
+
+#[test]
+fn rollback_then_refeed_equals_a_fresh_forward() {
+    let _s = serial();
+    // Bit-exact (tolerance 0): rows are computed independently, so chunking cannot matter.
+    let prompt = encode(PROMPTS[1]);
+    let cont = encode(" Here is the function:");
+    let junk = encode(" banana banana banana");
+    let mut rolled = real(TARGET).instance("a", None);
+    rolled.prefill(&prompt).unwrap();
+    rolled.forward(&junk).unwrap();
+    rolled.truncate(prompt.len());
+    assert_eq!(rolled.len(), prompt.len());
+    let after_rollback = rolled.forward(&cont).unwrap();
+    let mut fresh = real(TARGET).instance("b", None);
+    let all: Vec<u32> = prompt.iter().chain(&cont).copied().collect();
+    let fresh_logits = fresh.forward(&all).unwrap();
+    for i in 0..cont.len() {
+        assert!(
+            after_rollback.row(i) == fresh_logits.row(prompt.len() + i),
+            "position {i} differs after rollback"
+        );
+    }
+}
+
+#[test]
+fn greedy_speculative_output_equals_autoregressive_output() {
+    let _s = serial();
+    let opts = |k| GenerateOptions {
+        max_new_tokens: 40,
+        k,
+        ..Default::default()
+    };
+    let mut ar = engine(None);
+    let mut spec = engine(draft_model(DRAFT));
+    for prompt in PROMPTS {
+        let expected = run(&mut ar, prompt, &opts(1));
+        assert_eq!(expected.stats.target_calls, expected.tokens.len());
+        for k in [1, 4, 8] {
+            let got = run(&mut spec, prompt, &opts(k));
+            assert_eq!(got.tokens, expected.tokens, "K={k}, prompt {prompt:?}");
+            assert_eq!(got.text, expected.text);
+            assert!(
+                got.stats.accepted > 0,
+                "the 0.5B draft should be accepted sometimes (K={k})"
+            );
+            eprintln!(
+                "K={k}: {:.2} tokens per target call",
+                got.stats.tokens_per_call()
+            );
+        }
+    }
+}
+
+#[test]
+fn the_target_as_its_own_draft_is_always_accepted() {
+    let _s = serial();
+    let t = real(TARGET);
+    let own = NeuralDrafter::new("self", Box::new(t.instance("self", None)));
+    let mut e = engine(Some(Box::new(own)));
+    let opts = GenerateOptions {
+        max_new_tokens: 30,
+        k: 4,
+        ..Default::default()
+    };
+    let out = run(&mut e, PROMPTS[2], &opts);
+    assert!(out.stats.drafted > 0);
+    assert_eq!(out.stats.accepted, out.stats.drafted, "{:?}", out.stats);
+}
+
+#[test]
+fn sampling_is_reproducible_from_the_seed() {
+    let _s = serial();
+    let mut e = engine(draft_model(DRAFT));
+    let s = Sampling {
+        temperature: 0.8,
+        top_k: 40,
+        top_p: 0.95,
+    };
+    let opts = |seed| GenerateOptions {
+        max_new_tokens: 24,
+        k: 4,
+        seed,
+        sampling: s,
+        ..Default::default()
+    };
+    let a = run(&mut e, PROMPTS[1], &opts(5));
+    let b = run(&mut e, PROMPTS[1], &opts(5));
+    assert_eq!(a.tokens, b.tokens);
+    let others: Vec<_> = (6..9)
+        .map(|seed| run(&mut e, PROMPTS[1], &opts(seed)).tokens)
+        .collect();
+    assert!(
+        others.iter().any(|o| *o != a.tokens),
+        "different seeds should give different samples"
+    );
+}
+
+#[test]
+fn stop_conditions_hold_inside_an_accepted_block() {
+    let _s = serial();
+    let mut ar = engine(None);
+    let mut spec = engine(draft_model(DRAFT));
+    let base = GenerateOptions {
+        max_new_tokens: 40,
+        k: 8,
+        ..Default::default()
+    };
+    let full = run(&mut ar, PROMPTS[0], &base);
+    // max_new_tokens is never overshot, even when a whole block is accepted.
+    for n in [1, 5, 13] {
+        let out = run(
+            &mut spec,
+            PROMPTS[0],
+            &GenerateOptions {
+                max_new_tokens: n,
+                ..base.clone()
+            },
+        );
+        assert_eq!(out.tokens, full.tokens[..n]);
+    }
+    // A stop string ends the text just before it, wherever it falls in a block.
+    let stop = full.text.lines().nth(1).unwrap().trim().to_string();
+    let out = run(
+        &mut spec,
+        PROMPTS[0],
+        &GenerateOptions {
+            stop: vec![stop.clone()],
+            ..base.clone()
+        },
+    );
+    assert_eq!(format!("{:?}", out.finish_reason), "Stop");
+    assert_eq!(out.text, full.text[..full.text.find(&stop).unwrap()]);
+}
+
+#[test]
+fn eos_ends_generation_and_is_not_emitted() {
+    let _s = serial();
+    let t = real(TARGET);
+    let chat = cascade::chat::apply(&t.tokenizer, None, "Reply with the single word: yes").unwrap();
+    assert!(chat.ends_with("<|im_start|>assistant\n"), "{chat:?}");
+    let mut spec = engine(draft_model(DRAFT));
+    let prompt = t.tokenizer.encode(&chat).unwrap();
+    let out = spec
+        .generate(
+            &prompt,
+            &GenerateOptions {
+                max_new_tokens: 20,
+                k: 4,
+                ..Default::default()
+            },
+            &mut |_| {},
+        )
+        .unwrap();
+    assert_eq!(format!("{:?}", out.finish_reason), "Eos");
+    assert!(out
+        .tokens
+        .iter()
+        .all(|&t| !real(TARGET).tokenizer.is_eos(t)));
+    assert!(
+        out.tokens.len() < 20 && !out.text.is_empty(),
+        "{:?}",
+        out.text
+    );
+}
+
+#[test]
+fn llama_architecture_generates_sensible_text() {
+    let _s = serial();
+    let m = real(SMOLLM2);
+    let mut e = Engine::new(
+        Box::new(m.instance("smollm2", None)),
+        None,
+        m.tokenizer.clone(),
+    );
+    let prompt = m.tokenizer.encode("The capital of France is").unwrap();
+    let out = e
+        .generate(
+            &prompt,
+            &GenerateOptions {
+                max_new_tokens: 8,
+                ..Default::default()
+            },
+            &mut |_| {},
+        )
+        .unwrap();
+    assert!(out.text.contains("Paris"), "{:?}", out.text);
+}
+
+#[test]
+fn a_prompt_longer_than_the_context_is_refused() {
+    let _s = serial();
+    let t = real(TARGET);
+    let mut e = Engine::new(
+        Box::new(t.instance("target", Some(16))),
+        None,
+        t.tokenizer.clone(),
+    );
+    let prompt = vec![9707u32; 20];
+    let err = e
+        .generate(&prompt, &GenerateOptions::default(), &mut |_| {})
+        .unwrap_err();
+    assert_eq!(err.to_string(), "prompt has 20 tokens but the context of `target` holds 16, with room for at least one new token needed");
+}
