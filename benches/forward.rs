@@ -89,7 +89,7 @@ fn main() {
     ];
     println!(
         "forward over k new tokens after a {CONTEXT}-token context; median of {reps}; {} threads",
-        rayon::current_num_threads()
+        candle_core::utils::get_num_threads()
     );
     println!("| model | code | decode ms/token | r(2) | r(4) | r(8) | r(16) |");
     println!("|---|---|---|---|---|---|---|");

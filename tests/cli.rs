@@ -19,14 +19,30 @@ fn cascade(args: &[&str], stdin: Option<&str>) -> (bool, String, String) {
     input.write_all(stdin.unwrap_or("").as_bytes()).unwrap();
     drop(input);
     let out = child.wait_with_output().unwrap();
-    (out.status.success(), String::from_utf8_lossy(&out.stdout).into(), String::from_utf8_lossy(&out.stderr).into())
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into(),
+        String::from_utf8_lossy(&out.stderr).into(),
+    )
 }
 
 #[test]
 fn generate_json_carries_ids_text_and_counters_for_each_sample() {
     let _s = serial();
     let (ok, out, err) = cascade(
-        &["generate", "-c", "configs/speculative.toml", "--no-chat", "-n", "12", "-t", "0.7", "--num-samples", "2", "--json"],
+        &[
+            "generate",
+            "-c",
+            "configs/speculative.toml",
+            "--no-chat",
+            "-n",
+            "12",
+            "-t",
+            "0.7",
+            "--num-samples",
+            "2",
+            "--json",
+        ],
         Some("def add(a, b):\n"),
     );
     assert!(ok, "{err}");
@@ -35,9 +51,20 @@ fn generate_json_carries_ids_text_and_counters_for_each_sample() {
     assert_eq!(samples.len(), 2);
     for (i, s) in samples.iter().enumerate() {
         assert_eq!(s["seed"], i as u64);
-        assert_eq!(s["tokens"].as_array().unwrap().len(), s["stats"]["generated_tokens"].as_u64().unwrap() as usize);
+        assert_eq!(
+            s["tokens"].as_array().unwrap().len(),
+            s["stats"]["generated_tokens"].as_u64().unwrap() as usize
+        );
         assert!(s["text"].as_str().is_some());
-        for key in ["target_calls", "drafted", "accepted", "drafted_at", "accepted_at", "tokens_per_call", "prefill_seconds"] {
+        for key in [
+            "target_calls",
+            "drafted",
+            "accepted",
+            "drafted_at",
+            "accepted_at",
+            "tokens_per_call",
+            "prefill_seconds",
+        ] {
             assert!(!s["stats"][key].is_null(), "missing stats.{key}");
         }
     }
@@ -46,20 +73,45 @@ fn generate_json_carries_ids_text_and_counters_for_each_sample() {
 #[test]
 fn streamed_text_equals_the_json_text() {
     let _s = serial();
-    let args = ["generate", "-c", "configs/autoregressive.toml", "-p", "Name three colors.", "-n", "16"];
+    let args = [
+        "generate",
+        "-c",
+        "configs/autoregressive.toml",
+        "-p",
+        "Name three colors.",
+        "-n",
+        "16",
+    ];
     let (ok, streamed, err) = cascade(&args, None);
     assert!(ok, "{err}");
     let (_, json, _) = cascade(&[&args[..], &["--json"]].concat(), None);
     let doc: serde_json::Value = serde_json::from_str(&json).unwrap();
-    assert_eq!(streamed.trim_end_matches('\n'), doc["samples"][0]["text"].as_str().unwrap());
+    assert_eq!(
+        streamed.trim_end_matches('\n'),
+        doc["samples"][0]["text"].as_str().unwrap()
+    );
 }
 
 #[test]
 fn errors_are_reported_without_a_panic() {
     let (ok, _, err) = cascade(&["generate", "-c", "configs/nope.toml", "-p", "x"], None);
     assert!(!ok);
-    assert!(err.starts_with("cascade: configs/nope.toml: cannot read config:"), "{err}");
-    let (ok, _, err) = cascade(&["generate", "-c", "configs/autoregressive.toml", "-p", "x", "-t", "-1"], None);
+    assert!(
+        err.starts_with("cascade: configs/nope.toml: cannot read config:"),
+        "{err}"
+    );
+    let (ok, _, err) = cascade(
+        &[
+            "generate",
+            "-c",
+            "configs/autoregressive.toml",
+            "-p",
+            "x",
+            "-t",
+            "-1",
+        ],
+        None,
+    );
     assert!(!ok);
     assert_eq!(err.trim(), "cascade: sampling: invalid sampling setting: temperature must be a finite number >= 0, got -1");
 }

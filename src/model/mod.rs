@@ -2,6 +2,7 @@
 //! KV cache can be rolled back after a rejected draft.
 
 pub mod gguf;
+pub mod kernels;
 pub mod kv_cache;
 pub mod qweight;
 pub mod source;

@@ -1,13 +1,16 @@
 //! Quantized weight matrices read straight from GGUF, and a matmul whose rows are independent.
 //!
-//! Every output element is one `vec_dot` of a weight row with one quantized activation row,
-//! computed by the same function whatever the number of rows. So a forward over k tokens
-//! gives, bit for bit, the logits of k one-token forwards: greedy speculative decoding then
-//! equals greedy autoregressive decoding by construction, not by luck with near-ties.
-//! Rows are processed in tiles so that each weight block is read once per tile, which is
-//! what makes verifying k draft tokens cheaper than k decode steps.
+//! A forward over k tokens must give, bit for bit, the logits of k one-token forwards: greedy
+//! speculative decoding then equals greedy autoregressive decoding by construction, not by
+//! luck with near-ties. Both kernels keep that property:
+//! - [`kernels`](super::kernels) (Q4_K, Q6_K, Q8_0 on CPUs with AVX-512 VNNI) unpack each
+//!   weight block once for all activation rows, which is what makes verifying k draft tokens
+//!   cheaper than k decode steps;
+//! - otherwise candle's `vec_dot`: every output element is one dot product of a weight row
+//!   with one quantized activation row, the same function whatever the number of rows.
 
 use crate::error::{Error, Result};
+use crate::model::kernels;
 use candle_core::quantized::gguf_file::TensorInfo;
 use candle_core::quantized::k_quants::{self, GgmlType};
 use candle_core::quantized::GgmlDType;
@@ -51,6 +54,8 @@ block_kinds! {
 /// A weight matrix of `rows` x `cols` (GGUF order: one row per output feature).
 pub struct QWeight {
     blocks: Blocks,
+    /// Q4_K scales unpacked for the fast kernels.
+    q4k_scales: Vec<[u8; 16]>,
     rows: usize,
     cols: usize,
 }
@@ -100,7 +105,16 @@ impl QWeight {
             GgmlDType::Q6K => Blocks::Q6K(read_blocks(reader, n_blocks)?),
             other => return Err(bad(format!("tensor {name}: unsupported type {other:?}"))),
         };
-        Ok(Self { blocks, rows, cols })
+        let q4k_scales = match &blocks {
+            Blocks::Q4K(b) if kernels::available() => kernels::q4k_unpacked_scales(b),
+            _ => Vec::new(),
+        };
+        Ok(Self {
+            blocks,
+            q4k_scales,
+            rows,
+            cols,
+        })
     }
 
     pub fn rows(&self) -> usize {
@@ -120,7 +134,19 @@ impl QWeight {
     pub fn matmul(&self, lhs: &[f32], dst: &mut [f32]) -> Result<()> {
         let m = lhs.len() / self.cols;
         debug_assert_eq!(m * self.cols, lhs.len());
-        self.blocks.matmul((m, self.cols, self.rows), lhs, dst)?;
+        let mkn = (m, self.cols, self.rows);
+        let fast = match &self.blocks {
+            Blocks::Q4K(b) => Some(kernels::Weights::Q4K(b, &self.q4k_scales)),
+            Blocks::Q6K(b) => Some(kernels::Weights::Q6K(b)),
+            Blocks::Q8_0(b) => Some(kernels::Weights::Q8_0(b)),
+            _ => None,
+        };
+        match fast {
+            Some(w) if kernels::available() && kernels::supports(&w, self.cols) => {
+                kernels::matmul(w, mkn, lhs, dst)
+            }
+            _ => self.blocks.matmul(mkn, lhs, dst)?,
+        }
         Ok(())
     }
 

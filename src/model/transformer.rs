@@ -10,7 +10,6 @@ use crate::model::gguf::GgufFile;
 use crate::model::kv_cache::KvCache;
 use crate::model::qweight::QWeight;
 use crate::model::{Logits, Model};
-use rayon::prelude::*;
 use std::sync::Arc;
 
 /// How RoPE pairs up the dimensions of a head.
@@ -149,8 +148,12 @@ impl Weights {
         })
     }
 
+    fn output(&self) -> &QWeight {
+        self.output.as_ref().unwrap_or(&self.embeddings)
+    }
+
     pub fn vocab_size(&self) -> usize {
-        self.output.as_ref().unwrap_or(&self.embeddings).rows()
+        self.output().rows()
     }
 }
 
@@ -246,7 +249,7 @@ impl Model for Transformer {
             .hidden(tokens)
             .inspect_err(|_| self.cache.discard_uncommitted())?;
         let w = &*self.weights;
-        let out = w.output.as_ref().unwrap_or(&w.embeddings);
+        let out = w.output();
         let mut data = vec![0f32; tokens.len() * out.rows()];
         out.matmul(&hidden, &mut data)?;
         Ok(Logits::new(data, out.rows()))
@@ -338,30 +341,39 @@ fn attention(q: &[f32], keys: &[f32], values: &[f32], pos0: usize, c: &Config, o
     let group = c.heads / c.kv_heads;
     let kv_row = c.kv_heads * hd;
     let scale = 1.0 / (hd as f32).sqrt();
-    out.par_chunks_mut(hd)
-        .enumerate()
-        .for_each_init(Vec::new, |scores, (i, o)| {
-            let (t, h) = (i / c.heads, i % c.heads);
-            let kv = (h / group) * hd;
-            let qh = &q[i * hd..(i + 1) * hd];
-            let n = pos0 + t + 1;
-            scores.clear();
-            scores.extend(
-                (0..n).map(|j| dot(qh, &keys[j * kv_row + kv..j * kv_row + kv + hd]) * scale),
-            );
-            let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-            let mut sum = 0f32;
-            for s in scores.iter_mut() {
-                *s = (*s - max).exp();
-                sum += *s;
-            }
-            o.fill(0.0);
-            for (j, &s) in scores.iter().enumerate() {
-                let w = s / sum;
-                let vj = &values[j * kv_row + kv..j * kv_row + kv + hd];
-                o.iter_mut().zip(vj).for_each(|(o, v)| *o += w * v);
-            }
-        });
+    let attend = |i: usize, o: &mut [f32], scores: &mut Vec<f32>| {
+        let (t, h) = (i / c.heads, i % c.heads);
+        let kv = (h / group) * hd;
+        let qh = &q[i * hd..(i + 1) * hd];
+        let n = pos0 + t + 1;
+        scores.clear();
+        scores
+            .extend((0..n).map(|j| dot(qh, &keys[j * kv_row + kv..j * kv_row + kv + hd]) * scale));
+        let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let mut sum = 0f32;
+        for s in scores.iter_mut() {
+            *s = (*s - max).exp();
+            sum += *s;
+        }
+        o.fill(0.0);
+        for (j, &s) in scores.iter().enumerate() {
+            let w = s / sum;
+            let vj = &values[j * kv_row + kv..j * kv_row + kv + hd];
+            o.iter_mut().zip(vj).for_each(|(o, v)| *o += w * v);
+        }
+    };
+    struct Out(*mut f32);
+    // SAFETY: each (token, head) slice of `out` is written by exactly one task.
+    unsafe impl Sync for Out {}
+    let ptr = Out(out.as_mut_ptr());
+    let ptr = &ptr;
+    candle_core::utils::barrier_pool().execute_chunked(out.len() / hd, |range| {
+        let mut scores = Vec::new();
+        for i in range {
+            let o = unsafe { std::slice::from_raw_parts_mut(ptr.0.add(i * hd), hd) };
+            attend(i, o, &mut scores);
+        }
+    });
 }
 
 /// A dot product in a fixed order (eight lanes, then a fixed reduction) that vectorizes well.
