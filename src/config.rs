@@ -2,13 +2,14 @@
 //! (unknown keys are errors); [`RawConfig::validate`] turns it into a [`Plan`] once, with errors
 //! that name the TOML path. [`Plan::build`] loads the models into an [`Engine`].
 
-use crate::drafter::{Drafter, NeuralDrafter};
+use crate::drafter::{BigramDrafter, Drafter, MaxGramDrafter, MaxGramPolicy, NeuralDrafter};
 use crate::engine::{Engine, GenerateOptions};
 use crate::error::{Error, Result};
 use crate::model::{LoadedModel, ModelSource, ModelStore};
+use crate::ngram::BigramTable;
 use crate::sampling::Sampling;
 use serde::Deserialize;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -55,6 +56,37 @@ pub enum RawDrafter {
         model: ModelSource,
         tokenizer: Option<PathBuf>,
     },
+    /// Follows a bigram table (built with `cascade ngram build`).
+    Bigram {
+        table: PathBuf,
+        /// Sample successors from the table instead of taking the most likely.
+        #[serde(default)]
+        sample: bool,
+    },
+    /// Copies the continuation of the longest earlier match of the text's suffix, falling
+    /// back to a bigram table when there is none.
+    MaxGram {
+        table: Option<PathBuf>,
+        /// Longest suffix searched for.
+        #[serde(default = "default_max_ngram")]
+        max_ngram: usize,
+        /// Shortest match worth drafting from.
+        #[serde(default = "default_min_match")]
+        min_match: usize,
+        /// Tokens drafted from the bigram table when there is no match.
+        #[serde(default = "default_bigram_tokens")]
+        bigram_tokens: usize,
+    },
+}
+
+fn default_max_ngram() -> usize {
+    MaxGramPolicy::default().max_ngram
+}
+fn default_min_match() -> usize {
+    MaxGramPolicy::default().min_match
+}
+fn default_bigram_tokens() -> usize {
+    MaxGramPolicy::default().bigram_tokens
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -115,6 +147,14 @@ pub struct ModelPlan {
 #[derive(Clone, Debug)]
 pub enum DrafterPlan {
     Model(ModelPlan),
+    Bigram {
+        table: PathBuf,
+        sample: bool,
+    },
+    MaxGram {
+        table: Option<PathBuf>,
+        policy: MaxGramPolicy,
+    },
 }
 
 impl RawConfig {
@@ -191,9 +231,49 @@ impl RawConfig {
                         ),
                     )
                 })?;
+                let at = format!("drafters.{name}");
+                let table = |p: &PathBuf| -> Result<PathBuf> {
+                    let p = base.join(p);
+                    if p.is_file() {
+                        Ok(p)
+                    } else {
+                        Err(Error::config(
+                            format!("{at}.table"),
+                            format!("file not found: {}", p.display()),
+                        ))
+                    }
+                };
                 let plan = match raw {
                     RawDrafter::Model { model, tokenizer } => {
-                        DrafterPlan::Model(resolve(model, tokenizer, &format!("drafters.{name}"))?)
+                        DrafterPlan::Model(resolve(model, tokenizer, &at)?)
+                    }
+                    RawDrafter::Bigram { table: t, sample } => DrafterPlan::Bigram {
+                        table: table(t)?,
+                        sample: *sample,
+                    },
+                    RawDrafter::MaxGram {
+                        table: t,
+                        max_ngram,
+                        min_match,
+                        bigram_tokens,
+                    } => {
+                        if *max_ngram == 0 {
+                            return Err(Error::config(format!("{at}.max_ngram"), "must be >= 1"));
+                        }
+                        if *min_match == 0 || min_match > max_ngram {
+                            return Err(Error::config(
+                                format!("{at}.min_match"),
+                                format!("must be between 1 and max_ngram ({max_ngram})"),
+                            ));
+                        }
+                        DrafterPlan::MaxGram {
+                            table: t.as_ref().map(table).transpose()?,
+                            policy: MaxGramPolicy {
+                                max_ngram: *max_ngram,
+                                min_match: *min_match,
+                                bigram_tokens: *bigram_tokens,
+                            },
+                        }
                     }
                 };
                 Some((name.clone(), plan))
@@ -229,33 +309,85 @@ impl Plan {
     /// Loads the models (each file once) and assembles the engine. `progress(what, done, total)`
     /// reports loading.
     pub fn build(&self, progress: &mut dyn FnMut(&str, usize, usize)) -> Result<Engine> {
-        let mut store = ModelStore::default();
-        let mut load = |m: &ModelPlan, store: &mut ModelStore| -> Result<Arc<LoadedModel>> {
-            let label = m
-                .path
-                .file_name()
-                .map_or_else(String::new, |n| n.to_string_lossy().into_owned());
-            store.load(&m.path, m.tokenizer.as_deref(), &mut |d, t| {
-                progress(&label, d, t)
-            })
+        let mut b = Builder {
+            store: ModelStore::default(),
+            tables: HashMap::new(),
+            progress,
+            context: self.context,
         };
-        let target = load(&self.target, &mut store)?;
-        let drafter: Option<Box<dyn Drafter>> = match &self.drafter {
+        let target = b.model(&self.target)?;
+        let drafter = match &self.drafter {
             None => None,
-            Some((name, DrafterPlan::Model(m))) => {
-                let model = load(m, &mut store)?;
-                check_vocab(&target, "target", &model, name)?;
-                Some(Box::new(NeuralDrafter::new(
-                    name.clone(),
-                    Box::new(model.instance(name, self.context)),
-                )))
-            }
+            Some((name, plan)) => Some(b.drafter(name, plan, &target)?),
         };
         Ok(Engine::new(
             Box::new(target.instance("target", self.context)),
             drafter,
             target.tokenizer.clone(),
         ))
+    }
+}
+
+/// Loads what a plan names, sharing model files and tables between the nodes that use them.
+struct Builder<'a> {
+    store: ModelStore,
+    tables: HashMap<PathBuf, Arc<BigramTable>>,
+    progress: &'a mut dyn FnMut(&str, usize, usize),
+    context: Option<usize>,
+}
+
+impl Builder<'_> {
+    fn model(&mut self, m: &ModelPlan) -> Result<Arc<LoadedModel>> {
+        let label = m
+            .path
+            .file_name()
+            .map_or_else(String::new, |n| n.to_string_lossy().into_owned());
+        let progress = &mut *self.progress;
+        self.store
+            .load(&m.path, m.tokenizer.as_deref(), &mut |d, t| {
+                progress(&label, d, t)
+            })
+    }
+
+    fn table(&mut self, path: &Path, target: &LoadedModel) -> Result<Arc<BigramTable>> {
+        if let Some(t) = self.tables.get(path) {
+            return Ok(t.clone());
+        }
+        let table = Arc::new(BigramTable::load(path)?);
+        table.check_tokenizer(&target.tokenizer, path)?;
+        self.tables.insert(path.to_path_buf(), table.clone());
+        Ok(table)
+    }
+
+    /// The drafter `name` for `target` (whose vocabulary it must share).
+    fn drafter(
+        &mut self,
+        name: &str,
+        plan: &DrafterPlan,
+        target: &LoadedModel,
+    ) -> Result<Box<dyn Drafter>> {
+        Ok(match plan {
+            DrafterPlan::Model(m) => {
+                let model = self.model(m)?;
+                check_vocab(target, "target", &model, name)?;
+                Box::new(NeuralDrafter::new(
+                    name,
+                    Box::new(model.instance(name, self.context)),
+                ))
+            }
+            DrafterPlan::Bigram { table, sample } => Box::new(BigramDrafter::new(
+                name,
+                self.table(table, target)?,
+                *sample,
+            )),
+            DrafterPlan::MaxGram { table, policy } => {
+                let table = table
+                    .as_deref()
+                    .map(|t| self.table(t, target))
+                    .transpose()?;
+                Box::new(MaxGramDrafter::new(name, *policy, table))
+            }
+        })
     }
 }
 

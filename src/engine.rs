@@ -183,7 +183,7 @@ impl Engine {
         let start = Instant::now();
         self.target.truncate(0);
         if let Some(d) = self.drafter.as_mut() {
-            d.reset();
+            d.start(prompt);
         }
         // The target's cache always holds the committed sequence minus its last token,
         // which is fed at the head of the next round.

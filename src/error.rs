@@ -21,6 +21,9 @@ pub enum Error {
         reason: String,
     },
 
+    #[error("bigram table {}: {reason}", path.display())]
+    NgramTable { path: PathBuf, reason: String },
+
     #[error("cannot load tokenizer: {0}")]
     Tokenizer(String),
 

@@ -11,7 +11,9 @@
 //!   and whose KV cache rolls back;
 //! - [`sampling`]: logits to the explicit distribution tokens are drawn from;
 //! - [`review`]: the verification step (accept, recover, bonus), used at every level;
-//! - [`drafter`]: the [`drafter::Drafter`] trait and its implementations;
+//! - [`drafter`]: the [`drafter::Drafter`] trait and its implementations (neural, bigram,
+//!   Max-Gram);
+//! - [`ngram`]: bigram tables built from corpora;
 //! - [`engine`]: the draft / verify / roll back loop, with stop conditions and counters;
 //! - [`config`]: TOML configs, validated into a plan and built into an engine.
 //!
@@ -33,6 +35,7 @@ pub mod drafter;
 pub mod engine;
 pub mod error;
 pub mod model;
+pub mod ngram;
 pub mod review;
 pub mod sampling;
 pub mod stream;

@@ -20,6 +20,39 @@ struct Cli {
 enum Command {
     /// Generate text from a prompt with the target model and (optionally) a drafter.
     Generate(GenerateArgs),
+    /// Bigram tables for the statistical drafters (bigram, Max-Gram).
+    Ngram {
+        #[command(subcommand)]
+        command: NgramCommand,
+    },
+}
+
+#[derive(Subcommand)]
+enum NgramCommand {
+    /// Build a bigram table from a corpus of text or code files.
+    Build(BuildArgs),
+}
+
+#[derive(Args)]
+struct BuildArgs {
+    /// Tokenizer: a GGUF model (its embedded tokenizer) or a tokenizer.json.
+    #[arg(long)]
+    tokenizer: PathBuf,
+    /// Where to write the table.
+    #[arg(short, long)]
+    out: PathBuf,
+    /// Successors kept per token.
+    #[arg(long, default_value_t = 8)]
+    top: usize,
+    /// Only files with these extensions (comma-separated; default: all files).
+    #[arg(long, value_delimiter = ',')]
+    ext: Vec<String>,
+    /// Skip files under folders with these names (repeatable), e.g. site-packages.
+    #[arg(long)]
+    exclude: Vec<String>,
+    /// Corpus files or folders (searched recursively).
+    #[arg(required = true)]
+    corpus: Vec<PathBuf>,
 }
 
 #[derive(Args)]
@@ -78,6 +111,9 @@ fn main() {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Generate(args) => generate(args),
+        Command::Ngram {
+            command: NgramCommand::Build(args),
+        } => ngram_build(args),
     };
     if let Err(e) = result {
         eprintln!("cascade: {e:#}");
@@ -179,6 +215,57 @@ fn generate(args: GenerateArgs) -> Result<()> {
         });
         println!("{}", serde_json::to_string_pretty(&doc)?);
     }
+    Ok(())
+}
+
+fn ngram_build(args: BuildArgs) -> Result<()> {
+    use cascade::ngram::{corpus_files, BigramCounter};
+    if args.top == 0 {
+        bail!("--top must be >= 1");
+    }
+    let start = std::time::Instant::now();
+    let tokenizer = cascade::tokenizer::Tokenizer::from_file(&args.tokenizer)?;
+    let files: Vec<PathBuf> = corpus_files(&args.corpus, &args.ext)?
+        .into_iter()
+        .filter(|f| {
+            !f.components()
+                .any(|c| args.exclude.iter().any(|x| c.as_os_str() == x.as_str()))
+        })
+        .collect();
+    if files.is_empty() {
+        bail!("no corpus files found under {:?}", args.corpus);
+    }
+    let bytes: u64 = files
+        .iter()
+        .filter_map(|f| f.metadata().ok())
+        .map(|m| m.len())
+        .sum();
+    let bar = ProgressBar::new(bytes).with_style(
+        ProgressStyle::with_template("tokenizing [{bar:30}] {bytes}/{total_bytes} ({eta} left)")
+            .unwrap()
+            .progress_chars("=> "),
+    );
+    let mut counter = BigramCounter::new(&tokenizer);
+    let mut skipped = 0;
+    for f in &files {
+        match std::fs::read_to_string(f) {
+            Ok(text) => counter.add_text(&text)?,
+            Err(_) => skipped += 1, // not UTF-8 text
+        }
+        bar.inc(f.metadata().map(|m| m.len()).unwrap_or(0));
+    }
+    bar.finish_and_clear();
+    let tokens = counter.tokens;
+    let table = counter.into_table(args.top);
+    table.save(&args.out)?;
+    eprintln!(
+        "{}: {} files ({skipped} skipped as non-UTF-8), {tokens} tokens, {} table entries, {} bytes, {:.1}s",
+        args.out.display(),
+        files.len() - skipped,
+        table.entries(),
+        std::fs::metadata(&args.out)?.len(),
+        start.elapsed().as_secs_f64()
+    );
     Ok(())
 }
 

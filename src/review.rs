@@ -83,6 +83,12 @@ pub fn residual_sample(p: &Dist, q: &Dist, rng: &mut impl Rng) -> u32 {
             r
         }
         Dist::Dense(qd) => pd.iter().zip(qd).map(|(p, q)| (p - q).max(0.0)).collect(),
+        Dist::Sparse(qs) => {
+            let mut r = pd.clone();
+            qs.iter()
+                .for_each(|&(t, q)| r[t as usize] = (r[t as usize] - q).max(0.0));
+            r
+        }
     };
     if residual.iter().any(|&r| r > 0.0) {
         sample_weights(&residual, rng)

@@ -31,12 +31,13 @@ impl Default for Sampling {
     }
 }
 
-/// A distribution over token ids: a point mass (greedy, or a deterministic drafter) or dense
-/// probabilities over the whole vocabulary, summing to 1.
+/// A distribution over token ids, summing to 1: a point mass (greedy, or a deterministic
+/// drafter), dense probabilities over the whole vocabulary, or a few (token, probability) pairs.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Dist {
     Point(u32),
     Dense(Vec<f32>),
+    Sparse(Vec<(u32, f32)>),
 }
 
 impl Sampling {
@@ -157,6 +158,7 @@ impl Dist {
         match self {
             Dist::Point(t) => (*t == id) as u8 as f32,
             Dist::Dense(p) => p.get(id as usize).copied().unwrap_or(0.0),
+            Dist::Sparse(s) => s.iter().find(|(t, _)| *t == id).map_or(0.0, |(_, p)| *p),
         }
     }
 
@@ -165,6 +167,10 @@ impl Dist {
         match self {
             Dist::Point(t) => *t,
             Dist::Dense(p) => sample_weights(p, rng),
+            Dist::Sparse(s) => {
+                let weights: Vec<f32> = s.iter().map(|(_, p)| *p).collect();
+                s[sample_weights(&weights, rng) as usize].0
+            }
         }
     }
 
@@ -173,6 +179,13 @@ impl Dist {
         match self {
             Dist::Point(t) => *t,
             Dist::Dense(p) => argmax(p),
+            Dist::Sparse(s) => {
+                let best = s.iter().fold(None::<(u32, f32)>, |b, &(t, p)| match b {
+                    Some((bt, bp)) if bp > p || (bp == p && bt < t) => b,
+                    _ => Some((t, p)),
+                });
+                best.map_or(0, |(t, _)| t)
+            }
         }
     }
 
@@ -185,6 +198,11 @@ impl Dist {
                 v
             }
             Dist::Dense(p) => p.clone(),
+            Dist::Sparse(s) => {
+                let mut v = vec![0f32; vocab];
+                s.iter().for_each(|&(t, p)| v[t as usize] += p);
+                v
+            }
         }
     }
 }
@@ -213,7 +231,7 @@ mod tests {
     fn dense(d: Dist) -> Vec<f32> {
         match d {
             Dist::Dense(p) => p,
-            Dist::Point(_) => panic!("expected dense"),
+            other => panic!("expected dense, got {other:?}"),
         }
     }
 

@@ -49,6 +49,17 @@ impl Tokenizer {
         })
     }
 
+    /// The tokenizer in `path`: a `tokenizer.json`, or a GGUF model's embedded one.
+    pub fn from_file(path: &Path) -> Result<Self> {
+        if path.extension().is_some_and(|e| e == "json") {
+            let inner = tokenizers::Tokenizer::from_file(path)
+                .map_err(|e| Error::Tokenizer(format!("{}: {e}", path.display())))?;
+            Ok(Self::from_parts(inner, Vec::new()))
+        } else {
+            Self::load(&GgufFile::open(path)?, None)
+        }
+    }
+
     /// Wraps a `tokenizers::Tokenizer` directly (synthetic vocabularies in tests, plug-ins):
     /// `eos` lists the end-of-sequence ids.
     pub fn from_parts(inner: tokenizers::Tokenizer, eos: Vec<u32>) -> Self {
@@ -66,6 +77,15 @@ impl Tokenizer {
         let enc = self
             .inner
             .encode(text, true)
+            .map_err(|e| Error::Tokenizer(format!("encoding failed: {e}")))?;
+        Ok(enc.get_ids().to_vec())
+    }
+
+    /// Encodes `text` as plain text: no BOS or other special tokens added.
+    pub fn encode_plain(&self, text: &str) -> Result<Vec<u32>> {
+        let enc = self
+            .inner
+            .encode(text, false)
             .map_err(|e| Error::Tokenizer(format!("encoding failed: {e}")))?;
         Ok(enc.get_ids().to_vec())
     }

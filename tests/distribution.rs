@@ -8,14 +8,16 @@
 
 mod common;
 
-use cascade::drafter::NeuralDrafter;
+use cascade::drafter::{BigramDrafter, Drafter, MaxGramDrafter, MaxGramPolicy, NeuralDrafter};
 use cascade::engine::{Engine, GenerateOptions};
 use cascade::model::Logits;
+use cascade::ngram::BigramTable;
 use cascade::review::Verdict;
 use cascade::sampling::{Dist, Sampling};
 use common::{toy_tokenizer, ToyModel};
 use rand::rngs::StdRng;
 use rand::Rng;
+use std::sync::Arc;
 
 const VOCAB: usize = 6;
 const SAMPLES: u64 = 20_000;
@@ -49,8 +51,14 @@ fn exact(s: &Sampling) -> Vec<f64> {
 }
 
 fn engine(reviewer: Option<cascade::engine::ReviewFn>) -> Engine {
-    let d = NeuralDrafter::new("toy-draft", Box::new(drafter()));
-    let e = Engine::new(Box::new(target()), Some(Box::new(d)), toy_tokenizer(VOCAB));
+    engine_with(
+        Box::new(NeuralDrafter::new("toy-draft", Box::new(drafter()))),
+        reviewer,
+    )
+}
+
+fn engine_with(d: Box<dyn Drafter>, reviewer: Option<cascade::engine::ReviewFn>) -> Engine {
+    let e = Engine::new(Box::new(target()), Some(d), toy_tokenizer(VOCAB));
     match reviewer {
         Some(r) => e.with_reviewer(r),
         None => e,
@@ -59,7 +67,11 @@ fn engine(reviewer: Option<cascade::engine::ReviewFn>) -> Engine {
 
 /// Counts of (first, second) pairs over `SAMPLES` seeds, drafting `k` tokens per call.
 fn sampled(s: &Sampling, k: usize, reviewer: Option<cascade::engine::ReviewFn>) -> Vec<u64> {
-    let mut e = engine(reviewer);
+    sampled_with(&mut engine(reviewer), s, k, (0.2, 0.9))
+}
+
+/// The same with any engine; `acceptance` bounds the acceptance rate for the test to mean much.
+fn sampled_with(e: &mut Engine, s: &Sampling, k: usize, acceptance: (f64, f64)) -> Vec<u64> {
     let mut counts = vec![0u64; VOCAB * VOCAB];
     let (mut drafted, mut accepted) = (0, 0);
     // Generate k + 1 tokens so the first round drafts all k positions.
@@ -79,7 +91,7 @@ fn sampled(s: &Sampling, k: usize, reviewer: Option<cascade::engine::ReviewFn>) 
     // The test means something only if drafts are both accepted and rejected often.
     let rate = accepted as f64 / drafted as f64;
     assert!(
-        (0.2..0.9).contains(&rate),
+        (acceptance.0..acceptance.1).contains(&rate),
         "acceptance rate {rate:.2} makes the test weak"
     );
     counts
@@ -207,5 +219,55 @@ fn a_verifier_that_skips_the_residual_fails_the_test() {
             chi_square(&exact(&s), &counts).is_err(),
             "{label}: the broken verifier went undetected"
         );
+    }
+}
+
+/// A bigram table of the toy target's own greedy-ish transitions: some proposals are right.
+fn toy_table() -> Arc<BigramTable> {
+    let t = target();
+    let mut counts = fxhash::FxHashMap::default();
+    for prev in 0..VOCAB as u32 {
+        let logits = t.logits_after(&[prev, prev, prev, prev]);
+        for (next, &l) in logits.iter().enumerate() {
+            counts.insert((prev, next as u32), 1 + (l * 10.0) as u32);
+        }
+    }
+    Arc::new(BigramTable::from_counts(&counts, VOCAB, 3, 0))
+}
+
+#[test]
+fn statistical_drafters_keep_the_target_distribution() {
+    let s = Sampling {
+        temperature: 0.7,
+        top_k: 0,
+        top_p: 1.0,
+    };
+    let p = exact(&s);
+    let policy = MaxGramPolicy {
+        max_ngram: 4,
+        min_match: 1,
+        bigram_tokens: 4,
+    };
+    let drafters: Vec<(&str, Box<dyn Drafter>)> = vec![
+        (
+            "max-gram",
+            Box::new(MaxGramDrafter::new("mag", policy, Some(toy_table()))),
+        ),
+        (
+            "bigram argmax",
+            Box::new(BigramDrafter::new("bigram", toy_table(), false)),
+        ),
+        (
+            "bigram sampled",
+            Box::new(BigramDrafter::new("bigram", toy_table(), true)),
+        ),
+    ];
+    for (label, d) in drafters {
+        let mut e = engine_with(d, None);
+        let counts = sampled_with(&mut e, &s, 4, (0.05, 0.95));
+        match chi_square(&p, &counts) {
+            Ok(stat) => eprintln!("{label}: chi-square {stat:.1}"),
+            Err(err) => panic!("{label}: {err}"),
+        }
     }
 }

@@ -110,7 +110,7 @@ fn unknown_drafter_kind() {
         "{TARGET_ONLY}[drafters.small]\nkind = \"oracle\"\nmodel = \"{DRAFT}\"\n"
     ));
     assert!(
-        e.contains("unknown variant `oracle`, expected `model`"),
+        e.contains("unknown variant `oracle`, expected one of `model`, `bigram`, `max_gram`"),
         "{e}"
     );
 }
@@ -180,4 +180,50 @@ fn vocabulary_mismatch_is_refused_at_load_time() {
             && e.ends_with("a drafter must use the target's tokenizer"),
         "{e}"
     );
+}
+
+#[test]
+fn missing_table_and_bad_max_gram_settings() {
+    let e = config_error(&format!(
+        "{TARGET_ONLY}drafter = \"mag\"\n[drafters.mag]\nkind = \"max_gram\"\ntable = \"nope.bigram\"\n"
+    ));
+    assert_eq!(
+        e,
+        format!(
+            "drafters.mag.table: file not found: {}",
+            models_dir().join("nope.bigram").display()
+        )
+    );
+    let e = config_error(&format!(
+        "{TARGET_ONLY}drafter = \"mag\"\n[drafters.mag]\nkind = \"max_gram\"\nmax_ngram = 0\n"
+    ));
+    assert_eq!(e, "drafters.mag.max_ngram: must be >= 1");
+    let e = config_error(&format!("{TARGET_ONLY}drafter = \"mag\"\n[drafters.mag]\nkind = \"max_gram\"\nmin_match = 5\nmax_ngram = 4\n"));
+    assert_eq!(
+        e,
+        "drafters.mag.min_match: must be between 1 and max_ngram (4)"
+    );
+}
+
+#[test]
+fn a_table_built_for_another_tokenizer_is_refused() {
+    let _s = serial();
+    let table = Path::new(env!("CARGO_MANIFEST_DIR")).join("ngram/qwen2.5-coder-cpython311.bigram");
+    let toml = format!(
+        "[target]\nmodel = \"{SMOLLM2}\"\ndrafter = \"b\"\n[drafters.b]\nkind = \"bigram\"\ntable = \"{}\"\n",
+        table.display()
+    );
+    let plan = RawConfig::parse(&toml, "t")
+        .unwrap()
+        .validate(&models_dir())
+        .unwrap();
+    let e = plan.build(&mut |_, _, _| {}).err().unwrap().to_string();
+    assert!(
+        e.starts_with(&format!(
+            "bigram table {}: built for another tokenizer (fingerprint ",
+            table.display()
+        )),
+        "{e}"
+    );
+    assert!(e.ends_with("rebuild it with `cascade ngram build`"), "{e}");
 }

@@ -111,6 +111,42 @@ fn greedy_speculative_output_equals_autoregressive_output() {
     }
 }
 
+fn table() -> std::sync::Arc<cascade::ngram::BigramTable> {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("ngram/qwen2.5-coder-cpython311.bigram");
+    let t = cascade::ngram::BigramTable::load(&path).unwrap();
+    t.check_tokenizer(&real(TARGET).tokenizer, &path).unwrap();
+    std::sync::Arc::new(t)
+}
+
+#[test]
+fn greedy_output_with_statistical_drafters_equals_autoregressive_output() {
+    let _s = serial();
+    use cascade::drafter::{BigramDrafter, MaxGramDrafter, MaxGramPolicy};
+    let opts = GenerateOptions {
+        max_new_tokens: 40,
+        k: 6,
+        ..Default::default()
+    };
+    let mut ar = engine(None);
+    let mut mag = engine(Some(Box::new(MaxGramDrafter::new(
+        "mag",
+        MaxGramPolicy::default(),
+        Some(table()),
+    ))));
+    let mut bigram = engine(Some(Box::new(BigramDrafter::new("bigram", table(), false))));
+    let grounded =
+        "Add type hints to this function:\n\ndef area(width, height):\n    return width * height\n";
+    for prompt in [PROMPTS[0], PROMPTS[2], grounded] {
+        let expected = run(&mut ar, prompt, &opts);
+        for (label, e) in [("max-gram", &mut mag), ("bigram", &mut bigram)] {
+            let got = run(e, prompt, &opts);
+            assert_eq!(got.tokens, expected.tokens, "{label}, prompt {prompt:?}");
+            assert!(got.stats.drafted > 0, "{label} drafted nothing");
+        }
+    }
+}
+
 #[test]
 fn the_target_as_its_own_draft_is_always_accepted() {
     let _s = serial();

@@ -4,8 +4,12 @@
 //! that contains a reviewer model and other drafters), so any tree of them composes over a
 //! target. Plug-ins implement [`Drafter`] and are used as `Box<dyn Drafter>`.
 
+mod bigram;
+mod max_gram;
 mod neural;
 
+pub use bigram::BigramDrafter;
+pub use max_gram::{MaxGram, MaxGramDrafter, MaxGramPolicy};
 pub use neural::NeuralDrafter;
 
 use crate::error::Result;
@@ -60,8 +64,9 @@ pub trait Drafter: Send {
     /// prefix must be forgotten.
     fn commit(&mut self, context: &[u32]);
 
-    /// Forgets everything: the next `draft` starts a new sequence.
-    fn reset(&mut self);
+    /// A new sequence begins with `prompt`: forget the previous one. (Max-Gram uses it to
+    /// tell the prompt from the generated text.)
+    fn start(&mut self, prompt: &[u32]);
 }
 
 /// Length of the common prefix of `a` and `b`, checking from `from` on (the caller knows the

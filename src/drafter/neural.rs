@@ -78,7 +78,7 @@ impl Drafter for NeuralDrafter {
         self.committed = keep;
     }
 
-    fn reset(&mut self) {
+    fn start(&mut self, _prompt: &[u32]) {
         self.model.truncate(0);
         self.fed.clear();
         self.committed = 0;

@@ -1,0 +1,389 @@
+//! Max-Gram (CS Drafting, section 3.3 and Appendix A): copy what followed the longest earlier
+//! occurrence of the text's suffix, falling back to a bigram table.
+
+use super::{common_prefix, Draft, Drafter};
+use crate::error::Result;
+use crate::ngram::BigramTable;
+use crate::sampling::{Dist, Sampling};
+use fxhash::FxHashMap;
+use rand::rngs::StdRng;
+use std::sync::Arc;
+
+/// The longest earlier occurrence of a sequence's suffix.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Match {
+    /// Length of the matched suffix.
+    pub len: usize,
+    /// Where the occurrence ends: `tokens[end - len..end]` equals the suffix, and
+    /// `tokens[end]` is the token that followed it.
+    pub end: usize,
+}
+
+/// An incremental index of a token sequence (prompt, then generated text) that finds the
+/// longest suffix match in time independent of the sequence's length.
+///
+/// Rules, for a sequence `s` of length `T` whose first `P` tokens are the prompt:
+/// - a match is an earlier occurrence `s[e - n..e] == s[T - n..T]` with `e < T` (so at least
+///   one token followed it), of length `n <= max_ngram`;
+/// - the longest match wins, wherever it is;
+/// - among occurrences of that length, one in the prompt (`e < P`) beats one in the generated
+///   text; among prompt occurrences the earliest wins (as in the paper's listing), among
+///   generated ones the most recent.
+///
+/// Proposals copy `s[e..]`; a copy that reaches the end of the sequence continues from the
+/// tokens it has copied (so a repeating pattern keeps repeating).
+///
+/// Example, with `max_ngram = 4` and prompt `[5, 1, 2, 3, 9]`, generated `[1, 2]`:
+/// the suffix `[1, 2]` occurs at `e = 3` (followed by `3`), `[9, 1, 2]` nowhere earlier, so
+/// the match is `{ len: 2, end: 3 }` and the proposal for k = 3 is `[3, 9, 1]`.
+///
+/// Index: for every position `e` and every `n <= max_ngram`, the hash of `s[e - n..e]` maps to
+/// the (ascending) list of such `e`. Appending a token adds `max_ngram` entries, truncating
+/// removes them in reverse, and a query hashes at most `max_ngram` suffixes; a hash hit is
+/// confirmed by comparing tokens.
+pub struct MaxGram {
+    tokens: Vec<u32>,
+    prompt_len: usize,
+    max_ngram: usize,
+    index: FxHashMap<u64, Vec<u32>>,
+}
+
+impl MaxGram {
+    pub fn new(max_ngram: usize) -> Self {
+        Self {
+            tokens: Vec::new(),
+            prompt_len: 0,
+            max_ngram: max_ngram.max(1),
+            index: FxHashMap::default(),
+        }
+    }
+
+    /// Starts over with `prompt`.
+    pub fn start(&mut self, prompt: &[u32]) {
+        self.tokens.clear();
+        self.index.clear();
+        prompt.iter().for_each(|&t| self.push(t));
+        self.prompt_len = prompt.len();
+    }
+
+    pub fn tokens(&self) -> &[u32] {
+        &self.tokens
+    }
+
+    /// The `n`-gram keys of the grams ending at `end` (exclusive), for n = 1, 2, ...
+    fn keys(&self, end: usize) -> impl Iterator<Item = u64> + '_ {
+        let mut h = 0x51_7c_c1_b7_27_22_0a_95u64;
+        (1..=self.max_ngram.min(end)).map(move |n| {
+            h = (h.rotate_left(5) ^ self.tokens[end - n] as u64)
+                .wrapping_mul(0x9e37_79b9_7f4a_7c15);
+            h ^ (n as u64).wrapping_mul(0xff51_afd7_ed55_8ccd)
+        })
+    }
+
+    /// Appends a token: the grams ending just before it now have a continuation.
+    pub fn push(&mut self, token: u32) {
+        let end = self.tokens.len();
+        let keys: Vec<u64> = self.keys(end).collect();
+        for k in keys {
+            self.index.entry(k).or_default().push(end as u32);
+        }
+        self.tokens.push(token);
+    }
+
+    /// Keeps the first `len` tokens.
+    pub fn truncate(&mut self, len: usize) {
+        while self.tokens.len() > len {
+            let end = self.tokens.len() - 1;
+            let keys: Vec<u64> = self.keys(end).collect();
+            for k in keys {
+                if let Some(v) = self.index.get_mut(&k) {
+                    debug_assert_eq!(v.last(), Some(&(end as u32)));
+                    v.pop();
+                    if v.is_empty() {
+                        self.index.remove(&k);
+                    }
+                }
+            }
+            self.tokens.pop();
+        }
+        self.prompt_len = self.prompt_len.min(len);
+    }
+
+    /// The longest earlier occurrence of the sequence's suffix, by the rules above.
+    pub fn longest_match(&self) -> Option<Match> {
+        let t = self.tokens.len();
+        let mut best = None;
+        for (i, key) in self.keys(t).enumerate() {
+            let n = i + 1;
+            let Some(ends) = self.index.get(&key) else {
+                break;
+            };
+            let end = match ends[0] as usize {
+                first if first < self.prompt_len => first,
+                _ => *ends.last().unwrap() as usize,
+            };
+            if self.tokens[end - n..end] != self.tokens[t - n..t] {
+                break; // a hash collision: treat as no longer match
+            }
+            best = Some(Match { len: n, end });
+        }
+        best
+    }
+
+    /// Up to `k` tokens copied from the longest match; empty if there is none.
+    pub fn propose(&self, k: usize) -> Vec<u32> {
+        let Some(m) = self.longest_match() else {
+            return Vec::new();
+        };
+        let t = self.tokens.len();
+        let mut out: Vec<u32> = Vec::with_capacity(k);
+        for i in 0..k {
+            let at = m.end + i;
+            out.push(if at < t { self.tokens[at] } else { out[at - t] });
+        }
+        out
+    }
+}
+
+/// How much the Max-Gram drafter proposes. A rejected draft token is not free (a verify
+/// forward over k tokens costs more than over one), so weak evidence drafts little: a match
+/// shorter than `min_match` is ignored, a match of length n proposes at most n tokens, and
+/// without a match the bigram table proposes at most `bigram_tokens`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MaxGramPolicy {
+    pub max_ngram: usize,
+    pub min_match: usize,
+    pub bigram_tokens: usize,
+}
+
+impl Default for MaxGramPolicy {
+    fn default() -> Self {
+        Self {
+            max_ngram: 16,
+            min_match: 2,
+            bigram_tokens: 1,
+        }
+    }
+}
+
+/// The Max-Gram drafter: [`MaxGram`] proposals, else the bigram table's most likely chain,
+/// as much as its [`MaxGramPolicy`] allows. Deterministic, so every token is reported with a
+/// point-mass distribution.
+pub struct MaxGramDrafter {
+    name: String,
+    policy: MaxGramPolicy,
+    index: MaxGram,
+    table: Option<Arc<BigramTable>>,
+    /// Leading tokens of the index known to be committed.
+    committed: usize,
+}
+
+impl MaxGramDrafter {
+    pub fn new(
+        name: impl Into<String>,
+        policy: MaxGramPolicy,
+        table: Option<Arc<BigramTable>>,
+    ) -> Self {
+        Self {
+            name: name.into(),
+            policy,
+            index: MaxGram::new(policy.max_ngram),
+            table,
+            committed: 0,
+        }
+    }
+
+    fn sync(&mut self, context: &[u32]) {
+        let keep = common_prefix(self.index.tokens(), context, self.committed);
+        self.index.truncate(keep);
+        context[keep..].iter().for_each(|&t| self.index.push(t));
+        self.committed = context.len();
+    }
+}
+
+impl Drafter for MaxGramDrafter {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn draft(&mut self, context: &[u32], k: usize, _: &Sampling, _: &mut StdRng) -> Result<Draft> {
+        self.sync(context);
+        let mut tokens = match self.index.longest_match() {
+            Some(m) if m.len >= self.policy.min_match => self.index.propose(k.min(m.len)),
+            _ => Vec::new(),
+        };
+        if tokens.is_empty() {
+            if let (Some(table), Some(&last)) = (&self.table, context.last()) {
+                tokens = bigram_chain(table, last, k.min(self.policy.bigram_tokens));
+            }
+        }
+        let dists = tokens.iter().map(|&t| Dist::Point(t)).collect();
+        Ok(Draft { tokens, dists })
+    }
+
+    fn commit(&mut self, context: &[u32]) {
+        self.sync(context);
+    }
+
+    fn start(&mut self, prompt: &[u32]) {
+        self.index.start(prompt);
+        self.committed = prompt.len();
+    }
+}
+
+/// Follows the table's most likely successors from `last`, at most `k` steps.
+pub(crate) fn bigram_chain(table: &BigramTable, mut last: u32, k: usize) -> Vec<u32> {
+    let mut out = Vec::with_capacity(k);
+    while out.len() < k {
+        let Some(next) = table.most_likely(last) else {
+            break;
+        };
+        out.push(next);
+        last = next;
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn index(prompt: &[u32], generated: &[u32], max_ngram: usize) -> MaxGram {
+        let mut m = MaxGram::new(max_ngram);
+        m.start(prompt);
+        generated.iter().for_each(|&t| m.push(t));
+        m
+    }
+
+    #[test]
+    fn the_documented_example() {
+        let m = index(&[5, 1, 2, 3, 9], &[1, 2], 4);
+        assert_eq!(m.longest_match(), Some(Match { len: 2, end: 3 }));
+        assert_eq!(m.propose(3), vec![3, 9, 1]);
+    }
+
+    #[test]
+    fn the_longest_match_wins() {
+        // Suffix [7, 8]: [8] alone occurs at e=1 (followed by 4); [7, 8] at e=5 (followed by 6).
+        let m = index(&[8, 4, 0, 7, 8, 6, 2], &[7, 8], 8);
+        assert_eq!(m.longest_match(), Some(Match { len: 2, end: 5 }));
+        assert_eq!(m.propose(2), vec![6, 2]);
+    }
+
+    #[test]
+    fn the_prompt_beats_the_generated_text_then_earliest_or_latest() {
+        // [3] occurs in the prompt at e=1 and e=4, and in the generated text at e=7 and e=9.
+        let m = index(&[3, 10, 0, 3, 11], &[0, 3, 12, 3, 13, 3], 1);
+        assert_eq!(m.longest_match(), Some(Match { len: 1, end: 1 }));
+        assert_eq!(m.propose(1), vec![10]);
+        // With no prompt occurrence, the most recent generated one.
+        let m = index(&[1, 2], &[3, 12, 3, 13, 3], 1);
+        assert_eq!(m.longest_match(), Some(Match { len: 1, end: 5 }));
+        assert_eq!(m.propose(1), vec![13]);
+    }
+
+    #[test]
+    fn a_match_reaching_the_end_keeps_copying_its_own_proposal() {
+        let m = index(&[1, 2, 1, 2], &[], 8);
+        assert_eq!(m.longest_match(), Some(Match { len: 2, end: 2 }));
+        assert_eq!(m.propose(5), vec![1, 2, 1, 2, 1]);
+    }
+
+    #[test]
+    fn the_policy_limits_proposals_by_match_length() {
+        let mut d = MaxGramDrafter::new("mag", MaxGramPolicy::default(), None);
+        let mut rng = rand::SeedableRng::seed_from_u64(0);
+        let s = Sampling::greedy();
+        // [.., 4, 5] matches at e=2 with length 2: at most 2 tokens.
+        let ctx = [4, 5, 6, 7, 8, 9, 4, 5];
+        d.start(&ctx);
+        assert_eq!(d.draft(&ctx, 8, &s, &mut rng).unwrap().tokens, vec![6, 7]);
+        // A match of length 1 is ignored (min_match = 2), and there is no table.
+        let ctx = [4, 5, 6, 7, 8, 9, 5];
+        d.start(&ctx);
+        assert!(d.draft(&ctx, 8, &s, &mut rng).unwrap().is_empty());
+    }
+
+    #[test]
+    fn no_match_falls_back_to_the_bigram_table() {
+        let mut counts = FxHashMap::default();
+        counts.insert((9, 4), 3);
+        counts.insert((4, 6), 1);
+        let table = Arc::new(BigramTable::from_counts(&counts, 16, 2, 0));
+        let policy = MaxGramPolicy {
+            max_ngram: 8,
+            min_match: 1,
+            bigram_tokens: 4,
+        };
+        let mut d = MaxGramDrafter::new("mag", policy, Some(table));
+        d.start(&[1, 2, 9]);
+        let mut rng = rand::SeedableRng::seed_from_u64(0);
+        let draft = d
+            .draft(&[1, 2, 9], 5, &Sampling::greedy(), &mut rng)
+            .unwrap();
+        assert_eq!(draft.tokens, vec![4, 6]); // the table has nothing after 6
+        assert_eq!(draft.dists, vec![Dist::Point(4), Dist::Point(6)]);
+        let mut d = MaxGramDrafter::new("mag", policy, None);
+        d.start(&[1, 2, 9]);
+        assert!(d
+            .draft(&[1, 2, 9], 4, &Sampling::greedy(), &mut rng)
+            .unwrap()
+            .is_empty());
+    }
+
+    /// The quadratic definition the index must agree with.
+    fn naive(tokens: &[u32], prompt_len: usize, max_ngram: usize) -> Option<Match> {
+        let t = tokens.len();
+        for n in (1..=max_ngram.min(t.saturating_sub(1))).rev() {
+            let ends: Vec<usize> = (n..t)
+                .filter(|&e| tokens[e - n..e] == tokens[t - n..t])
+                .collect();
+            if let Some(&first) = ends.first() {
+                let end = if first < prompt_len {
+                    first
+                } else {
+                    *ends.last().unwrap()
+                };
+                return Some(Match { len: n, end });
+            }
+        }
+        None
+    }
+
+    #[test]
+    fn the_index_agrees_with_a_naive_search_through_pushes_and_rollbacks() {
+        let mut state = 12345u64;
+        let mut rand = |n: u64| {
+            state = state
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (state >> 33) % n
+        };
+        for trial in 0..200 {
+            let vocab = 2 + rand(5) as u32;
+            let max_ngram = 1 + rand(6) as usize;
+            let prompt: Vec<u32> = (0..rand(12)).map(|_| rand(vocab as u64) as u32).collect();
+            let mut m = MaxGram::new(max_ngram);
+            m.start(&prompt);
+            let mut reference = prompt.clone();
+            let mut prompt_len = prompt.len();
+            for _ in 0..60 {
+                if rand(4) == 0 && !reference.is_empty() {
+                    let len = rand(reference.len() as u64 + 1) as usize;
+                    m.truncate(len);
+                    reference.truncate(len);
+                    prompt_len = prompt_len.min(len);
+                } else {
+                    let t = rand(vocab as u64) as u32;
+                    m.push(t);
+                    reference.push(t);
+                }
+                assert_eq!(
+                    m.longest_match(),
+                    naive(&reference, prompt_len, max_ngram),
+                    "trial {trial}: {reference:?}"
+                );
+            }
+        }
+    }
+}
