@@ -1,8 +1,37 @@
 //! Configuration in two layers: [`RawConfig`] mirrors the TOML and only checks what was typed
 //! (unknown keys are errors); [`RawConfig::validate`] turns it into a [`Plan`] once, with errors
 //! that name the TOML path. [`Plan::build`] loads the models into an [`Engine`].
+//!
+//! Drafters are named in `[drafters.NAME]` tables and reference each other by name, forming
+//! any tree over the target:
+//!
+//! ```toml
+//! [target]
+//! model = "../models/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf"
+//! drafter = "cascade"
+//! k = 6
+//!
+//! [drafters.mag]
+//! kind = "max_gram"
+//!
+//! [drafters.small]            # vertical: the 0.5B reviews Max-Gram's drafts
+//! kind = "vertical"
+//! reviewer = "../models/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"
+//! draft = "mag"
+//! k = 8                       # tokens asked of the inner drafter per review
+//! lenience = 2.0
+//!
+//! [drafters.cascade]          # horizontal: 3 tokens from the cascade, the rest from Max-Gram
+//! kind = "horizontal"
+//! schedule = [["small", 3], ["mag", 8]]
+//! ```
+//!
+//! The paper's K-matrix notation is accepted too (`kind = "k_matrix"`, see [`RawDrafter`]).
 
-use crate::drafter::{BigramDrafter, Drafter, MaxGramDrafter, MaxGramPolicy, NeuralDrafter};
+use crate::drafter::{
+    BigramDrafter, Drafter, HorizontalCascade, MaxGramDrafter, MaxGramPolicy, NeuralDrafter,
+    VerticalCascade,
+};
 use crate::engine::{Engine, GenerateOptions};
 use crate::error::{Error, Result};
 use crate::model::{LoadedModel, ModelSource, ModelStore};
@@ -77,16 +106,39 @@ pub enum RawDrafter {
         #[serde(default = "default_bigram_tokens")]
         bigram_tokens: usize,
     },
-}
-
-fn default_max_ngram() -> usize {
-    MaxGramPolicy::default().max_ngram
-}
-fn default_min_match() -> usize {
-    MaxGramPolicy::default().min_match
-}
-fn default_bigram_tokens() -> usize {
-    MaxGramPolicy::default().bigram_tokens
+    /// A reviewer model over another drafter (CS Drafting's vertical cascade).
+    Vertical {
+        reviewer: ModelSource,
+        tokenizer: Option<PathBuf>,
+        /// The inner drafter's name.
+        draft: String,
+        /// Tokens asked of the inner drafter per review.
+        #[serde(default = "default_k")]
+        k: usize,
+        /// Lenience of this review (>= 1; 1 is exact).
+        #[serde(default = "one")]
+        lenience: f32,
+    },
+    /// Positions of one draft split between drafters (CS Drafting's horizontal cascade):
+    /// `schedule = [["a", 2], ["b", 6]]` takes 2 tokens from `a`, then up to 6 from `b`.
+    Horizontal { schedule: Vec<(String, usize)> },
+    /// The paper's notation (CS Drafting, Algorithm 1 and Table 2). With reviewer models
+    /// `d_1..d_n` (most capable first) and a final drafter `d_{n+1}` (`last`, usually
+    /// Max-Gram), row `r` of `k_matrix` (1-based) builds the draft reviewed at level `r - 1`
+    /// (row 1: the target's): `k_matrix[r][j]` tokens from `d_{r+j}`, where each `d_i` with
+    /// `i <= n` is a vertical cascade reviewing the draft of row `i + 1`, and `d_{n+1}`
+    /// drafts `last_k` tokens per review. Row `r` has `n + 2 - r` entries (the last one for
+    /// `last`). Table 2's `k11, k12, k21` for base, small, Max-Gram is
+    /// `k_matrix = [[k11, k12, 0], [k21, 0]]`.
+    KMatrix {
+        reviewers: Vec<ModelSource>,
+        last: String,
+        k_matrix: Vec<Vec<usize>>,
+        #[serde(default = "default_last_k")]
+        last_k: usize,
+        #[serde(default = "one")]
+        lenience: f32,
+    },
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -126,12 +178,24 @@ fn one() -> f32 {
 fn default_max_new() -> usize {
     256
 }
+fn default_last_k() -> usize {
+    10
+}
+fn default_max_ngram() -> usize {
+    MaxGramPolicy::default().max_ngram
+}
+fn default_min_match() -> usize {
+    MaxGramPolicy::default().min_match
+}
+fn default_bigram_tokens() -> usize {
+    MaxGramPolicy::default().bigram_tokens
+}
 
 /// A validated configuration: models resolved to files, settings checked.
 #[derive(Clone, Debug)]
 pub struct Plan {
     pub target: ModelPlan,
-    pub drafter: Option<(String, DrafterPlan)>,
+    pub drafter: Option<DrafterNode>,
     pub context: Option<usize>,
     pub options: GenerateOptions,
     pub chat: bool,
@@ -144,6 +208,13 @@ pub struct ModelPlan {
     pub tokenizer: Option<PathBuf>,
 }
 
+/// A node of the validated drafter tree.
+#[derive(Clone, Debug)]
+pub struct DrafterNode {
+    pub name: String,
+    pub kind: DrafterPlan,
+}
+
 #[derive(Clone, Debug)]
 pub enum DrafterPlan {
     Model(ModelPlan),
@@ -154,6 +225,15 @@ pub enum DrafterPlan {
     MaxGram {
         table: Option<PathBuf>,
         policy: MaxGramPolicy,
+    },
+    Vertical {
+        reviewer: ModelPlan,
+        inner: Box<DrafterNode>,
+        k: usize,
+        lenience: f32,
+    },
+    Horizontal {
+        parts: Vec<(DrafterNode, usize)>,
     },
 }
 
@@ -177,31 +257,13 @@ impl RawConfig {
     /// Checks every setting and resolves model files (relative paths from `base`).
     pub fn validate(&self, base: &Path) -> Result<Plan> {
         let t = &self.target;
-        let resolve = |src: &ModelSource, tok: &Option<PathBuf>, at: &str| -> Result<ModelPlan> {
-            let path = src.resolve(base, None)?;
-            let tokenizer = tok.as_ref().map(|p| base.join(p));
-            if let Some(p) = &tokenizer {
-                if !p.is_file() {
-                    return Err(Error::config(
-                        format!("{at}.tokenizer"),
-                        format!("file not found: {}", p.display()),
-                    ));
-                }
-            }
-            Ok(ModelPlan { path, tokenizer })
-        };
         if t.k == 0 {
             return Err(Error::config(
                 "target.k",
                 "must be >= 1 (tokens drafted per target call)",
             ));
         }
-        if !(t.lenience >= 1.0 && t.lenience.is_finite()) {
-            return Err(Error::config(
-                "target.lenience",
-                format!("must be a finite number >= 1, got {}", t.lenience),
-            ));
-        }
+        check_lenience("target.lenience", t.lenience)?;
         if t.lenience != 1.0 && !t.allow_inexact {
             return Err(Error::config(
                 "target.lenience",
@@ -218,69 +280,13 @@ impl RawConfig {
         self.sampling
             .validate()
             .map_err(|e| Error::config("sampling", e.to_string()))?;
+        let v = Validator { raw: self, base };
         let drafter = match &t.drafter {
             None => None,
-            Some(name) => {
-                let raw = self.drafters.get(name).ok_or_else(|| {
-                    let known: Vec<&str> = self.drafters.keys().map(String::as_str).collect();
-                    Error::config(
-                        "target.drafter",
-                        format!(
-                            "unknown drafter `{name}` (defined in [drafters]: {})",
-                            list(&known)
-                        ),
-                    )
-                })?;
-                let at = format!("drafters.{name}");
-                let table = |p: &PathBuf| -> Result<PathBuf> {
-                    let p = base.join(p);
-                    if p.is_file() {
-                        Ok(p)
-                    } else {
-                        Err(Error::config(
-                            format!("{at}.table"),
-                            format!("file not found: {}", p.display()),
-                        ))
-                    }
-                };
-                let plan = match raw {
-                    RawDrafter::Model { model, tokenizer } => {
-                        DrafterPlan::Model(resolve(model, tokenizer, &at)?)
-                    }
-                    RawDrafter::Bigram { table: t, sample } => DrafterPlan::Bigram {
-                        table: table(t)?,
-                        sample: *sample,
-                    },
-                    RawDrafter::MaxGram {
-                        table: t,
-                        max_ngram,
-                        min_match,
-                        bigram_tokens,
-                    } => {
-                        if *max_ngram == 0 {
-                            return Err(Error::config(format!("{at}.max_ngram"), "must be >= 1"));
-                        }
-                        if *min_match == 0 || min_match > max_ngram {
-                            return Err(Error::config(
-                                format!("{at}.min_match"),
-                                format!("must be between 1 and max_ngram ({max_ngram})"),
-                            ));
-                        }
-                        DrafterPlan::MaxGram {
-                            table: t.as_ref().map(table).transpose()?,
-                            policy: MaxGramPolicy {
-                                max_ngram: *max_ngram,
-                                min_match: *min_match,
-                                bigram_tokens: *bigram_tokens,
-                            },
-                        }
-                    }
-                };
-                Some((name.clone(), plan))
-            }
+            Some(name) => Some(v.node(name, "target.drafter", &mut Vec::new())?),
         };
         Ok(Plan {
-            target: resolve(&t.model, &t.tokenizer, "target")?,
+            target: v.model(&t.model, &t.tokenizer, "target")?,
             drafter,
             context: t.context,
             options: GenerateOptions {
@@ -297,12 +303,267 @@ impl RawConfig {
     }
 }
 
-fn list(names: &[&str]) -> String {
-    if names.is_empty() {
-        "none".into()
+fn check_lenience(at: &str, l: f32) -> Result<()> {
+    if l >= 1.0 && l.is_finite() {
+        Ok(())
     } else {
-        names.join(", ")
+        Err(Error::config(
+            at,
+            format!("must be a finite number >= 1, got {l}"),
+        ))
     }
+}
+
+struct Validator<'a> {
+    raw: &'a RawConfig,
+    base: &'a Path,
+}
+
+impl Validator<'_> {
+    fn model(&self, src: &ModelSource, tok: &Option<PathBuf>, at: &str) -> Result<ModelPlan> {
+        let path = src.resolve(self.base, None)?;
+        let tokenizer = tok.as_ref().map(|p| self.base.join(p));
+        if let Some(p) = &tokenizer {
+            if !p.is_file() {
+                return Err(Error::config(
+                    format!("{at}.tokenizer"),
+                    format!("file not found: {}", p.display()),
+                ));
+            }
+        }
+        Ok(ModelPlan { path, tokenizer })
+    }
+
+    fn file(&self, p: &Path, at: String) -> Result<PathBuf> {
+        let p = self.base.join(p);
+        if p.is_file() {
+            Ok(p)
+        } else {
+            Err(Error::config(
+                at,
+                format!("file not found: {}", p.display()),
+            ))
+        }
+    }
+
+    /// The drafter `name`, referenced at `at`; `stack` holds the names being resolved above
+    /// it, to refuse cycles.
+    fn node(&self, name: &str, at: &str, stack: &mut Vec<String>) -> Result<DrafterNode> {
+        let raw = self.raw.drafters.get(name).ok_or_else(|| {
+            let known: Vec<&str> = self.raw.drafters.keys().map(String::as_str).collect();
+            let known = if known.is_empty() {
+                "none".to_string()
+            } else {
+                known.join(", ")
+            };
+            Error::config(
+                at,
+                format!("unknown drafter `{name}` (defined in [drafters]: {known})"),
+            )
+        })?;
+        if stack.iter().any(|s| s == name) {
+            let cycle = [&stack[..], &[name.to_string()]].concat().join(" -> ");
+            return Err(Error::config(at, format!("drafters form a cycle: {cycle}")));
+        }
+        stack.push(name.to_string());
+        let here = format!("drafters.{name}");
+        let kind = match raw {
+            RawDrafter::Model { model, tokenizer } => {
+                DrafterPlan::Model(self.model(model, tokenizer, &here)?)
+            }
+            RawDrafter::Bigram { table, sample } => DrafterPlan::Bigram {
+                table: self.file(table, format!("{here}.table"))?,
+                sample: *sample,
+            },
+            RawDrafter::MaxGram {
+                table,
+                max_ngram,
+                min_match,
+                bigram_tokens,
+            } => {
+                if *max_ngram == 0 {
+                    return Err(Error::config(format!("{here}.max_ngram"), "must be >= 1"));
+                }
+                if *min_match == 0 || min_match > max_ngram {
+                    return Err(Error::config(
+                        format!("{here}.min_match"),
+                        format!("must be between 1 and max_ngram ({max_ngram})"),
+                    ));
+                }
+                DrafterPlan::MaxGram {
+                    table: table
+                        .as_ref()
+                        .map(|t| self.file(t, format!("{here}.table")))
+                        .transpose()?,
+                    policy: MaxGramPolicy {
+                        max_ngram: *max_ngram,
+                        min_match: *min_match,
+                        bigram_tokens: *bigram_tokens,
+                    },
+                }
+            }
+            RawDrafter::Vertical {
+                reviewer,
+                tokenizer,
+                draft,
+                k,
+                lenience,
+            } => {
+                if *k == 0 {
+                    return Err(Error::config(
+                        format!("{here}.k"),
+                        "must be >= 1 (tokens asked of the inner drafter)",
+                    ));
+                }
+                check_lenience(&format!("{here}.lenience"), *lenience)?;
+                DrafterPlan::Vertical {
+                    reviewer: self.model(reviewer, tokenizer, &here)?,
+                    inner: Box::new(self.node(draft, &format!("{here}.draft"), stack)?),
+                    k: *k,
+                    lenience: *lenience,
+                }
+            }
+            RawDrafter::Horizontal { schedule } => {
+                if schedule.is_empty() {
+                    return Err(Error::config(
+                        format!("{here}.schedule"),
+                        "must list at least one [drafter, tokens] pair",
+                    ));
+                }
+                let mut parts = Vec::new();
+                for (i, (part, tokens)) in schedule.iter().enumerate() {
+                    let at = format!("{here}.schedule[{i}]");
+                    if *tokens == 0 {
+                        return Err(Error::config(
+                            at,
+                            format!("`{part}` must draft at least 1 token"),
+                        ));
+                    }
+                    parts.push((self.node(part, &at, stack)?, *tokens));
+                }
+                DrafterPlan::Horizontal { parts }
+            }
+            RawDrafter::KMatrix {
+                reviewers,
+                last,
+                k_matrix,
+                last_k,
+                lenience,
+            } => {
+                check_lenience(&format!("{here}.lenience"), *lenience)?;
+                if *last_k == 0 {
+                    return Err(Error::config(format!("{here}.last_k"), "must be >= 1"));
+                }
+                let models = reviewers
+                    .iter()
+                    .enumerate()
+                    .map(|(i, r)| self.model(r, &None, &format!("{here}.reviewers[{i}]")))
+                    .collect::<Result<Vec<_>>>()?;
+                let last = self.node(last, &format!("{here}.last"), stack)?;
+                k_matrix_tree(name, &models, last, k_matrix, *last_k, *lenience)?.kind
+            }
+        };
+        stack.pop();
+        Ok(DrafterNode {
+            name: name.to_string(),
+            kind,
+        })
+    }
+}
+
+/// Expands the K-matrix notation (see [`RawDrafter::KMatrix`]) into vertical and horizontal
+/// nodes.
+fn k_matrix_tree(
+    name: &str,
+    reviewers: &[ModelPlan],
+    last: DrafterNode,
+    k: &[Vec<usize>],
+    last_k: usize,
+    lenience: f32,
+) -> Result<DrafterNode> {
+    let n = reviewers.len();
+    let at = format!("drafters.{name}.k_matrix");
+    if n == 0 {
+        return Err(Error::config(
+            format!("drafters.{name}.reviewers"),
+            "must list at least one model",
+        ));
+    }
+    if k.len() != n {
+        return Err(Error::config(
+            at,
+            format!("expected {n} rows (one per reviewer), got {}", k.len()),
+        ));
+    }
+    for (r, row) in k.iter().enumerate() {
+        if row.len() != n + 1 - r {
+            return Err(Error::config(
+                format!("{at}[{r}]"),
+                format!(
+                    "expected {} entries (drafters d{}..d{} and the last), got {}",
+                    n + 1 - r,
+                    r + 1,
+                    n,
+                    row.len()
+                ),
+            ));
+        }
+        if row.iter().all(|&c| c == 0) {
+            return Err(Error::config(
+                format!("{at}[{r}]"),
+                "drafts nothing: at least one entry must be >= 1",
+            ));
+        }
+    }
+    // level(r): the draft reviewed at level r (0-based row r), a horizontal node over
+    // d_{r+1}..d_n (each reviewing level(i)) and the last drafter.
+    fn level(
+        r: usize,
+        name: &str,
+        reviewers: &[ModelPlan],
+        last: &DrafterNode,
+        k: &[Vec<usize>],
+        last_k: usize,
+        l: f32,
+    ) -> DrafterNode {
+        let n = reviewers.len();
+        let mut parts = Vec::new();
+        for (j, &count) in k[r].iter().enumerate() {
+            if count == 0 {
+                continue;
+            }
+            let i = r + j; // 0-based drafter index; i == n is the last drafter
+            let node = if i == n {
+                last.clone()
+            } else {
+                let inner = if i + 1 < n {
+                    level(i + 1, name, reviewers, last, k, last_k, l)
+                } else {
+                    last.clone()
+                };
+                let inner_k = if i + 1 < n {
+                    k[i + 1].iter().sum()
+                } else {
+                    last_k
+                };
+                DrafterNode {
+                    name: format!("{name}.d{}", i + 1),
+                    kind: DrafterPlan::Vertical {
+                        reviewer: reviewers[i].clone(),
+                        inner: Box::new(inner),
+                        k: inner_k,
+                        lenience: l,
+                    },
+                }
+            };
+            parts.push((node, count));
+        }
+        DrafterNode {
+            name: format!("{name}.level{}", r + 1),
+            kind: DrafterPlan::Horizontal { parts },
+        }
+    }
+    Ok(level(0, name, reviewers, &last, k, last_k, lenience))
 }
 
 impl Plan {
@@ -318,7 +579,7 @@ impl Plan {
         let target = b.model(&self.target)?;
         let drafter = match &self.drafter {
             None => None,
-            Some((name, plan)) => Some(b.drafter(name, plan, &target)?),
+            Some(node) => Some(b.drafter(node, &target)?),
         };
         Ok(Engine::new(
             Box::new(target.instance("target", self.context)),
@@ -359,14 +620,10 @@ impl Builder<'_> {
         Ok(table)
     }
 
-    /// The drafter `name` for `target` (whose vocabulary it must share).
-    fn drafter(
-        &mut self,
-        name: &str,
-        plan: &DrafterPlan,
-        target: &LoadedModel,
-    ) -> Result<Box<dyn Drafter>> {
-        Ok(match plan {
+    /// The drafter for `node` over `target` (whose vocabulary every model must share).
+    fn drafter(&mut self, node: &DrafterNode, target: &LoadedModel) -> Result<Box<dyn Drafter>> {
+        let name = node.name.as_str();
+        Ok(match &node.kind {
             DrafterPlan::Model(m) => {
                 let model = self.model(m)?;
                 check_vocab(target, "target", &model, name)?;
@@ -386,6 +643,30 @@ impl Builder<'_> {
                     .map(|t| self.table(t, target))
                     .transpose()?;
                 Box::new(MaxGramDrafter::new(name, *policy, table))
+            }
+            DrafterPlan::Vertical {
+                reviewer,
+                inner,
+                k,
+                lenience,
+            } => {
+                let model = self.model(reviewer)?;
+                check_vocab(target, "target", &model, name)?;
+                let inner = self.drafter(inner, target)?;
+                Box::new(VerticalCascade::new(
+                    name,
+                    Box::new(model.instance(name, self.context)),
+                    inner,
+                    *k,
+                    *lenience,
+                ))
+            }
+            DrafterPlan::Horizontal { parts } => {
+                let parts = parts
+                    .iter()
+                    .map(|(n, tokens)| Ok((self.drafter(n, target)?, *tokens)))
+                    .collect::<Result<Vec<_>>>()?;
+                Box::new(HorizontalCascade::new(name, parts))
             }
         })
     }

@@ -3,7 +3,7 @@
 //! Autoregressive decoding is the same loop with no drafter: every round feeds the last
 //! committed token alone and samples the next from the target.
 
-use crate::drafter::{Draft, Drafter};
+use crate::drafter::{Draft, Drafter, NodeStats};
 use crate::error::{Error, Result};
 use crate::model::Logits;
 use crate::model::Model;
@@ -11,6 +11,7 @@ use crate::review::{review, Verdict};
 use crate::sampling::{Dist, Sampling};
 use crate::stream::TextStream;
 use crate::tokenizer::Tokenizer;
+use crate::verifier::Verifier;
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 use serde::Serialize;
@@ -93,15 +94,30 @@ impl Stats {
     }
 
     fn record(&mut self, drafted: usize, accepted: usize) {
-        if self.drafted_at.len() < drafted {
-            self.drafted_at.resize(drafted, 0);
-            self.accepted_at.resize(drafted, 0);
-        }
-        (0..drafted).for_each(|i| self.drafted_at[i] += 1);
-        (0..accepted).for_each(|i| self.accepted_at[i] += 1);
+        record_positions(
+            &mut self.drafted_at,
+            &mut self.accepted_at,
+            drafted,
+            accepted,
+        );
         self.drafted += drafted;
         self.accepted += accepted;
     }
+}
+
+/// Counts one review: positions `0..drafted` were drafted, `0..accepted` accepted.
+pub(crate) fn record_positions(
+    drafted_at: &mut Vec<usize>,
+    accepted_at: &mut Vec<usize>,
+    drafted: usize,
+    accepted: usize,
+) {
+    if drafted_at.len() < drafted {
+        drafted_at.resize(drafted, 0);
+        accepted_at.resize(drafted, 0);
+    }
+    drafted_at[..drafted].iter_mut().for_each(|c| *c += 1);
+    accepted_at[..accepted].iter_mut().for_each(|c| *c += 1);
 }
 
 /// The result of one generation.
@@ -112,6 +128,8 @@ pub struct Generation {
     pub text: String,
     pub finish_reason: FinishReason,
     pub stats: Stats,
+    /// Counters of every node of the drafter tree.
+    pub drafter: Option<NodeStats>,
 }
 
 /// The signature of a review rule; [`review`] is the exact one.
@@ -119,7 +137,7 @@ pub type ReviewFn = fn(&[u32], &[Dist], &Logits, &Sampling, f32, &mut StdRng) ->
 
 /// A target model with an optional drafter.
 pub struct Engine {
-    pub target: Box<dyn Model>,
+    target: Verifier,
     pub drafter: Option<Box<dyn Drafter>>,
     pub tokenizer: Tokenizer,
     reviewer: ReviewFn,
@@ -132,11 +150,15 @@ impl Engine {
         tokenizer: Tokenizer,
     ) -> Self {
         Self {
-            target,
+            target: Verifier::new(target),
             drafter,
             tokenizer,
             reviewer: review,
         }
+    }
+
+    pub fn target(&self) -> &dyn Model {
+        self.target.model()
     }
 
     /// Replaces the target's review rule: for experiments, and for tests that show a broken
@@ -163,10 +185,10 @@ impl Engine {
         if prompt.is_empty() {
             return Err(Error::EmptyPrompt);
         }
-        let max_len = self.target.max_len();
+        let max_len = self.target.model().max_len();
         if prompt.len() >= max_len {
             return Err(Error::PromptTooLong {
-                model: self.target.name().to_string(),
+                model: self.target.model().name().to_string(),
                 prompt: prompt.len(),
                 context: max_len,
             });
@@ -181,13 +203,13 @@ impl Engine {
         let mut generated = Vec::new();
 
         let start = Instant::now();
-        self.target.truncate(0);
+        self.target.reset();
         if let Some(d) = self.drafter.as_mut() {
-            d.start(prompt);
+            d.start(prompt)?;
         }
-        // The target's cache always holds the committed sequence minus its last token,
-        // which is fed at the head of the next round.
-        self.target.prefill(&prompt[..prompt.len() - 1])?;
+        // The target's cache holds the committed sequence minus its last token, which is
+        // fed at the head of each round.
+        self.target.prepare(prompt)?;
         stats.prefill_seconds = start.elapsed().as_secs_f64();
 
         let start = Instant::now();
@@ -207,10 +229,7 @@ impl Engine {
                 Some(d) if k > 0 => d.draft(&context, k, &opts.sampling, &mut rng)?,
                 _ => Draft::default(),
             };
-            let mut feed = Vec::with_capacity(draft.len() + 1);
-            feed.push(*context.last().unwrap());
-            feed.extend_from_slice(&draft.tokens);
-            let logits = self.target.forward(&feed)?;
+            let logits = self.target.score(&context, &draft.tokens)?;
             stats.target_calls += 1;
             let verdict = (self.reviewer)(
                 &draft.tokens,
@@ -222,7 +241,7 @@ impl Engine {
             );
             stats.record(draft.len(), verdict.accepted);
             // Roll back the target past the rejected draft tokens.
-            self.target.truncate(context.len() + verdict.accepted);
+            self.target.settle(context.len() + verdict.accepted);
 
             let new_tokens = draft.tokens[..verdict.accepted]
                 .iter()
@@ -255,6 +274,7 @@ impl Engine {
             tokens: generated,
             finish_reason: finish,
             stats,
+            drafter: self.drafter.as_ref().map(|d| d.stats()),
         })
     }
 }

@@ -11,6 +11,7 @@
 //!   and whose KV cache rolls back;
 //! - [`sampling`]: logits to the explicit distribution tokens are drawn from;
 //! - [`review`]: the verification step (accept, recover, bonus), used at every level;
+//! - [`verifier`]: a model that reviews drafts (the target, or a cascade's reviewer);
 //! - [`drafter`]: the [`drafter::Drafter`] trait and its implementations (neural, bigram,
 //!   Max-Gram);
 //! - [`ngram`]: bigram tables built from corpora;
@@ -40,5 +41,6 @@ pub mod review;
 pub mod sampling;
 pub mod stream;
 pub mod tokenizer;
+pub mod verifier;
 
 pub use error::{Error, Result};

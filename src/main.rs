@@ -200,7 +200,7 @@ fn generate(args: GenerateArgs) -> Result<()> {
     if args.json {
         let doc = serde_json::json!({
             "config": args.config,
-            "drafter": plan.drafter.as_ref().map(|(n, _)| n),
+            "drafter": plan.drafter.as_ref().map(|d| &d.name),
             "k": plan.options.k,
             "sampling": plan.options.sampling,
             "prompt_tokens": prompt,

@@ -37,14 +37,55 @@ pub fn review(
     lenience: f32,
     rng: &mut impl Rng,
 ) -> Verdict {
+    review_core(draft, q, logits, sampling, lenience, rng, None)
+}
+
+/// [`review`], also returning the distribution each emitted token (the accepted ones, then
+/// `next`) was effectively drawn from: what a cascade reports to the level above it.
+/// See [`emitted_distribution`].
+pub fn review_emitting(
+    draft: &[u32],
+    q: &[Dist],
+    logits: &Logits,
+    sampling: &Sampling,
+    lenience: f32,
+    rng: &mut impl Rng,
+) -> (Verdict, Vec<Dist>) {
+    let mut emitted = Vec::with_capacity(draft.len() + 1);
+    let verdict = review_core(
+        draft,
+        q,
+        logits,
+        sampling,
+        lenience,
+        rng,
+        Some(&mut emitted),
+    );
+    (verdict, emitted)
+}
+
+fn review_core(
+    draft: &[u32],
+    q: &[Dist],
+    logits: &Logits,
+    sampling: &Sampling,
+    lenience: f32,
+    rng: &mut impl Rng,
+    mut emitted: Option<&mut Vec<Dist>>,
+) -> Verdict {
     debug_assert_eq!(draft.len(), q.len());
     debug_assert!(logits.rows() > draft.len());
     for (i, (&x, qi)) in draft.iter().zip(q).enumerate() {
         let row = logits.row(i);
         if sampling.is_greedy() {
+            // Deterministic: each emitted token is a point mass given its prefix.
             let best = argmax(row);
             let kept = x == best
                 || (lenience > 1.0 && row[x as usize] >= row[best as usize] - lenience.ln());
+            let token = if kept { x } else { best };
+            if let Some(e) = emitted.as_deref_mut() {
+                e.push(Dist::Point(token));
+            }
             if !kept {
                 return Verdict {
                     accepted: i,
@@ -54,6 +95,9 @@ pub fn review(
             continue;
         }
         let p = sampling.distribution(row);
+        if let Some(e) = emitted.as_deref_mut() {
+            e.push(emitted_distribution(&p, qi, lenience));
+        }
         let (px, qx) = (p.prob(x), qi.prob(x));
         // u < l p / q, written without the division (q(x) > 0 for a token drawn from q).
         if rng.random::<f32>() * qx >= lenience * px {
@@ -64,10 +108,50 @@ pub fn review(
         }
     }
     let bonus = sampling.distribution(logits.row(draft.len()));
+    let next = bonus.sample(rng);
+    if let Some(e) = emitted {
+        e.push(bonus);
+    }
     Verdict {
         accepted: draft.len(),
-        next: bonus.sample(rng),
+        next,
     }
+}
+
+/// The distribution of the token a review emits at a reviewed position, where the proposal
+/// `x ~ q` is kept with probability `min(1, l p(x) / q(x))` and otherwise replaced by a draw
+/// from `r = norm(max(0, p - q))`:
+///
+/// `e(y) = min(q(y), l p(y)) + (1 - sum_x min(q(x), l p(x))) r(y)`.
+///
+/// With `l = 1` this is exactly `p` (the point of speculative sampling). With `l > 1` it is
+/// neither `p` nor `q`, and a cascade must report `e`, not `p`, for the review above it to
+/// stay exact.
+pub fn emitted_distribution(p: &Dist, q: &Dist, lenience: f32) -> Dist {
+    let Dist::Dense(pd) = p else {
+        return p.clone(); // a point-mass p emits its token whatever q proposes
+    };
+    if lenience == 1.0 {
+        return p.clone();
+    }
+    let qd = q.to_dense(pd.len());
+    let mut e: Vec<f32> = qd
+        .iter()
+        .zip(pd)
+        .map(|(&q, &p)| q.min(lenience * p))
+        .collect();
+    let rejected = (1.0 - e.iter().sum::<f32>()).max(0.0);
+    let residual: Vec<f32> = pd.iter().zip(&qd).map(|(p, q)| (p - q).max(0.0)).collect();
+    let total: f32 = residual.iter().sum();
+    let (r, r_total) = if total > 0.0 {
+        (&residual, total)
+    } else {
+        (pd, 1.0)
+    };
+    e.iter_mut()
+        .zip(r)
+        .for_each(|(e, r)| *e += rejected * r / r_total);
+    Dist::Dense(e)
 }
 
 /// Draws from `norm(max(0, p - q))`; if that is empty (p <= q everywhere, so p = q up to
@@ -165,6 +249,43 @@ mod tests {
                 next: 1
             }
         );
+    }
+
+    #[test]
+    fn emitted_distribution_is_p_without_lenience_and_the_mixture_with_it() {
+        let p = Dist::Dense(vec![0.5, 0.3, 0.2]);
+        let q = Dist::Dense(vec![0.1, 0.1, 0.8]);
+        assert_eq!(emitted_distribution(&p, &q, 1.0), p);
+        // l = 2: kept mass min(q, 2p) = [0.1, 0.1, 0.4], rejected 0.4, residual (p - q)+ =
+        // [0.4, 0.2, 0] normalized to [2/3, 1/3, 0].
+        let Dist::Dense(e) = emitted_distribution(&p, &q, 2.0) else {
+            panic!()
+        };
+        let want = [0.1 + 0.4 * 2.0 / 3.0, 0.1 + 0.4 / 3.0, 0.4];
+        for (a, b) in e.iter().zip(want) {
+            assert!((a - b).abs() < 1e-6, "{e:?}");
+        }
+        // Checked against a simulation of the lenient review.
+        let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+        let logits = Logits::new(
+            vec![0.5f32.ln(), 0.3f32.ln(), 0.2f32.ln(), 0.0, 0.0, 0.0],
+            3,
+        );
+        let s = Sampling {
+            temperature: 1.0,
+            top_k: 0,
+            top_p: 1.0,
+        };
+        let mut counts = [0f32; 3];
+        let n = 200_000;
+        for _ in 0..n {
+            let x = q.sample(&mut rng);
+            let v = review(&[x], std::slice::from_ref(&q), &logits, &s, 2.0, &mut rng);
+            counts[if v.accepted == 1 { x } else { v.next } as usize] += 1.0;
+        }
+        for (c, w) in counts.iter().zip(want) {
+            assert!((c / n as f32 - w).abs() < 0.005, "{counts:?}");
+        }
     }
 
     #[test]

@@ -115,3 +115,43 @@ fn errors_are_reported_without_a_panic() {
     assert!(!ok);
     assert_eq!(err.trim(), "cascade: sampling: invalid sampling setting: temperature must be a finite number >= 0, got -1");
 }
+
+#[test]
+fn generate_json_reports_counters_for_every_cascade_node() {
+    let _s = serial();
+    let (ok, out, err) = cascade(
+        &[
+            "generate",
+            "-c",
+            "configs/cs-drafting.toml",
+            "-p",
+            "Write a function that reverses a string.",
+            "-n",
+            "16",
+            "--json",
+        ],
+        None,
+    );
+    assert!(ok, "{err}");
+    let doc: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let tree = &doc["samples"][0]["drafter"];
+    assert_eq!(tree["kind"], "horizontal");
+    let vertical = &tree["children"][0];
+    assert_eq!(vertical["kind"], "vertical");
+    assert_eq!(vertical["name"], "small-over-mag");
+    assert!(vertical["forward_calls"].as_u64().unwrap() > 0);
+    let drafted: u64 = vertical["drafted_at"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_u64().unwrap())
+        .sum();
+    let accepted: u64 = vertical["accepted_at"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_u64().unwrap())
+        .sum();
+    assert!(accepted <= drafted);
+    assert_eq!(vertical["children"][0]["kind"], "max_gram");
+}

@@ -8,7 +8,10 @@
 
 mod common;
 
-use cascade::drafter::{BigramDrafter, Drafter, MaxGramDrafter, MaxGramPolicy, NeuralDrafter};
+use cascade::drafter::{
+    BigramDrafter, Drafter, HorizontalCascade, MaxGramDrafter, MaxGramPolicy, NeuralDrafter,
+    VerticalCascade,
+};
 use cascade::engine::{Engine, GenerateOptions};
 use cascade::model::Logits;
 use cascade::ngram::BigramTable;
@@ -268,6 +271,147 @@ fn statistical_drafters_keep_the_target_distribution() {
         match chi_square(&p, &counts) {
             Ok(stat) => eprintln!("{label}: chi-square {stat:.1}"),
             Err(err) => panic!("{label}: {err}"),
+        }
+    }
+}
+
+/// Two reviewers over an innermost neural drafter, lenience `l` at both inner reviews:
+/// target <- R1 (reviews) <- R2 (reviews) <- D.
+fn three_level(lenience: f32, broken: bool) -> Box<dyn Drafter> {
+    let inner = VerticalCascade::new(
+        "r2",
+        Box::new(ToyModel::new(44, VOCAB, 2.5)),
+        Box::new(NeuralDrafter::new("d", Box::new(drafter()))),
+        3,
+        lenience,
+    );
+    let outer = VerticalCascade::new(
+        "r1",
+        Box::new(ToyModel::new(33, VOCAB, 3.0)),
+        Box::new(inner),
+        2,
+        lenience,
+    );
+    Box::new(if broken {
+        outer.reporting_reviewer_distribution()
+    } else {
+        outer
+    })
+}
+
+fn nucleus_settings() -> [(&'static str, Sampling); 2] {
+    [
+        (
+            "temperature 0.7, top-p 0.9",
+            Sampling {
+                temperature: 0.7,
+                top_k: 0,
+                top_p: 0.9,
+            },
+        ),
+        (
+            "temperature 1.0, top-p 0.9",
+            Sampling {
+                temperature: 1.0,
+                top_k: 0,
+                top_p: 0.9,
+            },
+        ),
+    ]
+}
+
+#[test]
+fn a_lenient_three_level_cascade_keeps_the_target_distribution() {
+    for (label, s) in nucleus_settings() {
+        let mut e = engine_with(three_level(2.0, false), None);
+        let counts = sampled_with(&mut e, &s, 4, (0.1, 0.95));
+        match chi_square(&exact(&s), &counts) {
+            Ok(stat) => eprintln!("three-level, {label}: chi-square {stat:.1}"),
+            Err(err) => panic!("three-level, {label}: {err}"),
+        }
+    }
+}
+
+#[test]
+fn a_cascade_reporting_the_reviewers_distribution_fails_the_test() {
+    for (label, s) in nucleus_settings() {
+        let mut e = engine_with(three_level(2.0, true), None);
+        let counts = sampled_with(&mut e, &s, 4, (0.1, 0.95));
+        assert!(
+            chi_square(&exact(&s), &counts).is_err(),
+            "{label}: reporting p instead of the effective distribution went undetected"
+        );
+    }
+}
+
+/// Every cascade shape, greedy, with lenience inside: the output is the target's argmax chain.
+#[test]
+fn every_cascade_shape_decodes_greedily_like_the_target() {
+    let t = target();
+    let mut ctx = PROMPT.to_vec();
+    for _ in 0..12 {
+        ctx.push(cascade::sampling::argmax(&t.logits_after(&ctx)));
+    }
+    let expected = ctx[PROMPT.len()..].to_vec();
+    let neural = || -> Box<dyn Drafter> { Box::new(NeuralDrafter::new("d", Box::new(drafter()))) };
+    let mag = || -> Box<dyn Drafter> {
+        Box::new(MaxGramDrafter::new(
+            "mag",
+            MaxGramPolicy {
+                max_ngram: 4,
+                min_match: 1,
+                bigram_tokens: 3,
+            },
+            Some(toy_table()),
+        ))
+    };
+    let vertical = |inner: Box<dyn Drafter>, l: f32| -> Box<dyn Drafter> {
+        Box::new(VerticalCascade::new(
+            "r",
+            Box::new(ToyModel::new(33, VOCAB, 3.0)),
+            inner,
+            3,
+            l,
+        ))
+    };
+    let shapes: Vec<(&str, Box<dyn Drafter>)> = vec![
+        ("vertical over neural", vertical(neural(), 1.0)),
+        ("vertical over max-gram, lenient", vertical(mag(), 3.0)),
+        (
+            "horizontal",
+            Box::new(HorizontalCascade::new(
+                "h",
+                vec![(vertical(neural(), 2.0), 2), (mag(), 3)],
+            )),
+        ),
+        ("three levels", vertical(vertical(mag(), 2.0), 2.0)),
+        (
+            "horizontal of horizontals",
+            Box::new(HorizontalCascade::new(
+                "h",
+                vec![
+                    (mag(), 1),
+                    (
+                        Box::new(HorizontalCascade::new(
+                            "h2",
+                            vec![(neural(), 1), (mag(), 2)],
+                        )),
+                        4,
+                    ),
+                ],
+            )),
+        ),
+    ];
+    for (label, d) in shapes {
+        let mut e = engine_with(d, None);
+        for k in [1, 3, 6] {
+            let opts = GenerateOptions {
+                max_new_tokens: 12,
+                k,
+                ..Default::default()
+            };
+            let out = e.generate(&PROMPT, &opts, &mut |_| {}).unwrap();
+            assert_eq!(out.tokens, expected, "{label}, K={k}");
         }
     }
 }

@@ -227,3 +227,128 @@ fn a_table_built_for_another_tokenizer_is_refused() {
     );
     assert!(e.ends_with("rebuild it with `cascade ngram build`"), "{e}");
 }
+
+/// A config with `[target]` plus these drafter tables.
+fn tree_error(drafters: &str) -> String {
+    config_error(&format!("{TARGET_ONLY}drafter = \"top\"\n{drafters}"))
+}
+
+const MAG: &str = "[drafters.mag]\nkind = \"max_gram\"\n";
+
+#[test]
+fn cascade_unknown_names() {
+    let e = tree_error(&format!(
+        "{MAG}[drafters.top]\nkind = \"vertical\"\nreviewer = \"{DRAFT}\"\ndraft = \"nope\"\n"
+    ));
+    assert_eq!(
+        e,
+        "drafters.top.draft: unknown drafter `nope` (defined in [drafters]: mag, top)"
+    );
+    let e = tree_error(&format!(
+        "{MAG}[drafters.top]\nkind = \"horizontal\"\nschedule = [[\"mag\", 2], [\"gone\", 3]]\n"
+    ));
+    assert_eq!(
+        e,
+        "drafters.top.schedule[1]: unknown drafter `gone` (defined in [drafters]: mag, top)"
+    );
+}
+
+#[test]
+fn cascade_cycles() {
+    let e = tree_error(&format!(
+        "[drafters.top]\nkind = \"vertical\"\nreviewer = \"{DRAFT}\"\ndraft = \"h\"\n\
+         [drafters.h]\nkind = \"horizontal\"\nschedule = [[\"top\", 2]]\n"
+    ));
+    assert_eq!(
+        e,
+        "drafters.h.schedule[0]: drafters form a cycle: top -> h -> top"
+    );
+    let e = tree_error("[drafters.top]\nkind = \"horizontal\"\nschedule = [[\"top\", 1]]\n");
+    assert_eq!(
+        e,
+        "drafters.top.schedule[0]: drafters form a cycle: top -> top"
+    );
+}
+
+#[test]
+fn cascade_empty_schedule_and_zero_counts() {
+    let e = tree_error("[drafters.top]\nkind = \"horizontal\"\nschedule = []\n");
+    assert_eq!(
+        e,
+        "drafters.top.schedule: must list at least one [drafter, tokens] pair"
+    );
+    let e = tree_error(&format!(
+        "{MAG}[drafters.top]\nkind = \"horizontal\"\nschedule = [[\"mag\", 0]]\n"
+    ));
+    assert_eq!(
+        e,
+        "drafters.top.schedule[0]: `mag` must draft at least 1 token"
+    );
+    let e = tree_error(&format!("{MAG}[drafters.top]\nkind = \"vertical\"\nreviewer = \"{DRAFT}\"\ndraft = \"mag\"\nk = 0\n"));
+    assert_eq!(
+        e,
+        "drafters.top.k: must be >= 1 (tokens asked of the inner drafter)"
+    );
+}
+
+#[test]
+fn cascade_lenience_below_one() {
+    let e = tree_error(&format!(
+        "{MAG}[drafters.top]\nkind = \"vertical\"\nreviewer = \"{DRAFT}\"\ndraft = \"mag\"\nlenience = 0.5\n"
+    ));
+    assert_eq!(
+        e,
+        "drafters.top.lenience: must be a finite number >= 1, got 0.5"
+    );
+}
+
+#[test]
+fn k_matrix_shape() {
+    let km = |m: &str| {
+        tree_error(&format!(
+            "{MAG}[drafters.top]\nkind = \"k_matrix\"\nreviewers = [\"{DRAFT}\", \"{DRAFT}\"]\nlast = \"mag\"\nk_matrix = {m}\n"
+        ))
+    };
+    assert_eq!(
+        km("[[3, 1, 0]]"),
+        "drafters.top.k_matrix: expected 2 rows (one per reviewer), got 1"
+    );
+    assert_eq!(
+        km("[[3, 1], [4, 0]]"),
+        "drafters.top.k_matrix[0]: expected 3 entries (drafters d1..d2 and the last), got 2"
+    );
+    assert_eq!(
+        km("[[3, 1, 0], [0, 0]]"),
+        "drafters.top.k_matrix[1]: drafts nothing: at least one entry must be >= 1"
+    );
+    let ok = RawConfig::parse(
+        &format!(
+            "{TARGET_ONLY}drafter = \"top\"\n{MAG}[drafters.top]\nkind = \"k_matrix\"\nreviewers = [\"{DRAFT}\", \"{DRAFT}\"]\nlast = \"mag\"\nk_matrix = [[3, 1, 0], [4, 0]]\n"
+        ),
+        "t",
+    )
+    .unwrap();
+    // Row 1: 3 tokens from d1 (reviewing row 2: 4 tokens from d2, which reviews Max-Gram),
+    // then 1 token from d2.
+    let plan = ok.validate(&models_dir()).unwrap();
+    let shape = format!("{:?}", plan.drafter.unwrap());
+    assert_eq!(shape.matches("Vertical").count(), 3, "{shape}");
+    assert_eq!(shape.matches("Horizontal").count(), 2, "{shape}");
+}
+
+#[test]
+fn a_reviewer_with_another_vocabulary_is_refused() {
+    let _s = serial();
+    let toml = format!(
+        "{TARGET_ONLY}drafter = \"top\"\n{MAG}[drafters.top]\nkind = \"vertical\"\nreviewer = \"{SMOLLM2}\"\ndraft = \"mag\"\n"
+    );
+    let plan = RawConfig::parse(&toml, "t")
+        .unwrap()
+        .validate(&models_dir())
+        .unwrap();
+    let e = plan.build(&mut |_, _, _| {}).err().unwrap().to_string();
+    assert!(
+        e.starts_with("vocabulary mismatch: drafter `top` (49152 tokens"),
+        "{e}"
+    );
+}

@@ -297,3 +297,44 @@ fn a_prompt_longer_than_the_context_is_refused() {
         .unwrap_err();
     assert_eq!(err.to_string(), "prompt has 20 tokens but the context of `target` holds 16, with room for at least one new token needed");
 }
+
+/// Every shipped config, greedy, gives the autoregressive output token for token.
+#[test]
+fn every_config_decodes_greedily_like_the_target() {
+    let _s = serial();
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("configs");
+    let mut configs: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    configs.sort();
+    assert!(configs.len() >= 6, "{configs:?}");
+    let prompts = [PROMPTS[1], "Rewrite with type hints:\n\ndef scale(values, factor):\n    return [v * factor for v in values]\n", PROMPTS[2]];
+    let mut ar = engine(None);
+    let opts = GenerateOptions {
+        max_new_tokens: 32,
+        ..Default::default()
+    };
+    let expected: Vec<Generation> = prompts.iter().map(|p| run(&mut ar, p, &opts)).collect();
+    drop(ar);
+    for path in configs {
+        let raw = cascade::config::RawConfig::load(&path).unwrap();
+        let plan = raw.validate(&dir).unwrap();
+        let mut e = plan.build(&mut |_, _, _| {}).unwrap();
+        let opts = GenerateOptions {
+            max_new_tokens: 32,
+            k: plan.options.k,
+            ..Default::default()
+        };
+        for (prompt, want) in prompts.iter().zip(&expected) {
+            let got = e.generate(&encode(prompt), &opts, &mut |_| {}).unwrap();
+            assert_eq!(
+                got.tokens,
+                want.tokens,
+                "{}, prompt {prompt:?}",
+                path.display()
+            );
+        }
+        eprintln!("{}: ok", path.display());
+    }
+}

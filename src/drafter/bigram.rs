@@ -1,7 +1,7 @@
 //! A drafter that follows a bigram table.
 
 use super::max_gram::bigram_chain;
-use super::{Draft, Drafter};
+use super::{Draft, Drafter, NodeStats};
 use crate::error::Result;
 use crate::ngram::BigramTable;
 use crate::sampling::{Dist, Sampling};
@@ -69,5 +69,15 @@ impl Drafter for BigramDrafter {
 
     fn commit(&mut self, _: &[u32]) {}
 
-    fn start(&mut self, _: &[u32]) {}
+    fn start(&mut self, _: &[u32]) -> Result<()> {
+        Ok(())
+    }
+
+    fn stats(&self) -> NodeStats {
+        NodeStats {
+            name: self.name.clone(),
+            kind: "bigram".into(),
+            ..Default::default()
+        }
+    }
 }

@@ -1,7 +1,7 @@
 //! Max-Gram (CS Drafting, section 3.3 and Appendix A): copy what followed the longest earlier
 //! occurrence of the text's suffix, falling back to a bigram table.
 
-use super::{common_prefix, Draft, Drafter};
+use super::{common_prefix, Draft, Drafter, NodeStats};
 use crate::error::Result;
 use crate::ngram::BigramTable;
 use crate::sampling::{Dist, Sampling};
@@ -193,11 +193,12 @@ impl MaxGramDrafter {
         }
     }
 
+    /// Brings the index to `context`, comparing only past the committed prefix (so the cost
+    /// stays independent of the context length).
     fn sync(&mut self, context: &[u32]) {
         let keep = common_prefix(self.index.tokens(), context, self.committed);
         self.index.truncate(keep);
         context[keep..].iter().for_each(|&t| self.index.push(t));
-        self.committed = context.len();
     }
 }
 
@@ -223,11 +224,21 @@ impl Drafter for MaxGramDrafter {
 
     fn commit(&mut self, context: &[u32]) {
         self.sync(context);
+        self.committed = context.len();
     }
 
-    fn start(&mut self, prompt: &[u32]) {
+    fn start(&mut self, prompt: &[u32]) -> Result<()> {
         self.index.start(prompt);
         self.committed = prompt.len();
+        Ok(())
+    }
+
+    fn stats(&self) -> NodeStats {
+        NodeStats {
+            name: self.name.clone(),
+            kind: "max_gram".into(),
+            ..Default::default()
+        }
     }
 }
 
@@ -296,11 +307,11 @@ mod tests {
         let s = Sampling::greedy();
         // [.., 4, 5] matches at e=2 with length 2: at most 2 tokens.
         let ctx = [4, 5, 6, 7, 8, 9, 4, 5];
-        d.start(&ctx);
+        d.start(&ctx).unwrap();
         assert_eq!(d.draft(&ctx, 8, &s, &mut rng).unwrap().tokens, vec![6, 7]);
         // A match of length 1 is ignored (min_match = 2), and there is no table.
         let ctx = [4, 5, 6, 7, 8, 9, 5];
-        d.start(&ctx);
+        d.start(&ctx).unwrap();
         assert!(d.draft(&ctx, 8, &s, &mut rng).unwrap().is_empty());
     }
 
@@ -316,7 +327,7 @@ mod tests {
             bigram_tokens: 4,
         };
         let mut d = MaxGramDrafter::new("mag", policy, Some(table));
-        d.start(&[1, 2, 9]);
+        d.start(&[1, 2, 9]).unwrap();
         let mut rng = rand::SeedableRng::seed_from_u64(0);
         let draft = d
             .draft(&[1, 2, 9], 5, &Sampling::greedy(), &mut rng)
@@ -324,7 +335,7 @@ mod tests {
         assert_eq!(draft.tokens, vec![4, 6]); // the table has nothing after 6
         assert_eq!(draft.dists, vec![Dist::Point(4), Dist::Point(6)]);
         let mut d = MaxGramDrafter::new("mag", policy, None);
-        d.start(&[1, 2, 9]);
+        d.start(&[1, 2, 9]).unwrap();
         assert!(d
             .draft(&[1, 2, 9], 4, &Sampling::greedy(), &mut rng)
             .unwrap()

@@ -5,16 +5,21 @@
 //! target. Plug-ins implement [`Drafter`] and are used as `Box<dyn Drafter>`.
 
 mod bigram;
+mod horizontal;
 mod max_gram;
 mod neural;
+mod vertical;
 
 pub use bigram::BigramDrafter;
+pub use horizontal::HorizontalCascade;
 pub use max_gram::{MaxGram, MaxGramDrafter, MaxGramPolicy};
 pub use neural::NeuralDrafter;
+pub use vertical::VerticalCascade;
 
 use crate::error::Result;
 use crate::sampling::{Dist, Sampling};
 use rand::rngs::StdRng;
+use serde::Serialize;
 
 /// Proposed tokens and, for each, the distribution it was drawn from (`q` in the papers).
 /// A deterministic drafter reports point masses.
@@ -37,13 +42,34 @@ impl Draft {
         self.tokens.push(token);
         self.dists.push(dist);
     }
+
+    pub fn extend(&mut self, other: Draft) {
+        self.tokens.extend(other.tokens);
+        self.dists.extend(other.dists);
+    }
+}
+
+/// Counters of one node of a drafter tree, since the sequence started.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct NodeStats {
+    pub name: String,
+    pub kind: String,
+    /// Forward passes of this node's own model (drafting or reviewing).
+    pub forward_calls: usize,
+    /// For a reviewing node: how often its inner drafter proposed a token at each draft
+    /// position, and how often this node accepted it.
+    pub drafted_at: Vec<usize>,
+    pub accepted_at: Vec<usize>,
+    pub children: Vec<NodeStats>,
 }
 
 /// A source of draft tokens.
 ///
-/// The caller owns the committed sequence (prompt plus accepted text) and passes it whole;
-/// a drafter keeps whatever state it likes (a KV cache, an index) and uses [`Drafter::commit`]
-/// to drop the part of it that the review discarded.
+/// The caller owns the sequence and passes it whole. Between two [`Drafter::commit`] calls the
+/// contexts passed to [`Drafter::draft`] all extend the last committed sequence, possibly with
+/// speculative tokens (inside a cascade, tokens another drafter or a reviewer produced). A
+/// drafter keeps whatever state it likes (a KV cache, an index) and drops what no longer
+/// matches.
 pub trait Drafter: Send {
     /// A short name for reports.
     fn name(&self) -> &str;
@@ -59,14 +85,17 @@ pub trait Drafter: Send {
         rng: &mut StdRng,
     ) -> Result<Draft>;
 
-    /// The committed sequence is now `context`: the context of the last [`Drafter::draft`]
-    /// call, then a prefix of that draft, then the reviewer's token. State past the common
-    /// prefix must be forgotten.
+    /// The committed sequence is now `context`: it extends the previous committed sequence
+    /// (with a prefix of the last draft and the reviewer's token). It will not change again.
     fn commit(&mut self, context: &[u32]);
 
-    /// A new sequence begins with `prompt`: forget the previous one. (Max-Gram uses it to
-    /// tell the prompt from the generated text.)
-    fn start(&mut self, prompt: &[u32]);
+    /// A new sequence begins with `prompt`: forget the previous one and its counters. Neural
+    /// drafters process the prompt here (so it counts as prefill); Max-Gram learns where the
+    /// prompt ends.
+    fn start(&mut self, prompt: &[u32]) -> Result<()>;
+
+    /// Counters of this node and the nodes below it.
+    fn stats(&self) -> NodeStats;
 }
 
 /// Length of the common prefix of `a` and `b`, checking from `from` on (the caller knows the

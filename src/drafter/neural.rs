@@ -1,36 +1,24 @@
 //! A drafter that samples autoregressively from a (smaller) model.
 
-use super::{common_prefix, Draft, Drafter};
+use super::{Draft, Drafter, NodeStats};
 use crate::error::Result;
 use crate::model::Model;
 use crate::sampling::Sampling;
+use crate::verifier::Verifier;
 use rand::rngs::StdRng;
 
 /// Samples `k` tokens one at a time from its model, reporting each token's distribution.
 pub struct NeuralDrafter {
     name: String,
-    model: Box<dyn Model>,
-    /// The tokens in the model's cache, in order.
-    fed: Vec<u32>,
-    /// How many leading tokens of `fed` are known to be committed.
-    committed: usize,
+    model: Verifier,
 }
 
 impl NeuralDrafter {
     pub fn new(name: impl Into<String>, model: Box<dyn Model>) -> Self {
         Self {
             name: name.into(),
-            model,
-            fed: Vec::new(),
-            committed: 0,
+            model: Verifier::new(model),
         }
-    }
-
-    /// Feeds `tokens` after `self.fed`; returns the logits row of the last one.
-    fn feed(&mut self, tokens: &[u32]) -> Result<Vec<f32>> {
-        let logits = self.model.forward(tokens)?;
-        self.fed.extend_from_slice(tokens);
-        Ok(logits.row(logits.rows() - 1).to_vec())
     }
 }
 
@@ -47,40 +35,33 @@ impl Drafter for NeuralDrafter {
         rng: &mut StdRng,
     ) -> Result<Draft> {
         let mut draft = Draft::default();
-        // Room left in this model's context, keeping the reviewer's own limit to the caller.
-        let room = self.model.max_len().saturating_sub(context.len());
-        let k = k.min(room);
-        if k == 0 || context.is_empty() {
-            return Ok(draft);
-        }
-        // Reuse the cache for the common prefix, but refeed at least the last token: its
-        // logits are the ones the first draft token is sampled from.
-        let keep = common_prefix(&self.fed, context, self.committed).min(context.len() - 1);
-        self.model.truncate(keep);
-        self.fed.truncate(keep);
-        let mut row = self.feed(&context[keep..])?;
-        self.committed = context.len();
-        for i in 0..k {
-            let q = sampling.distribution(&row);
+        // Room left in this model's context.
+        let k = k.min(self.model.model().max_len().saturating_sub(context.len()));
+        let mut seq = context.to_vec();
+        while draft.len() < k && !seq.is_empty() {
+            // An empty draft scored: one forward over the last token (after catching up).
+            let logits = self.model.score(&seq, &[])?;
+            let q = sampling.distribution(logits.row(0));
             let token = q.sample(rng);
             draft.push(token, q);
-            if i + 1 < k {
-                row = self.feed(&[token])?;
-            }
+            seq.push(token);
         }
         Ok(draft)
     }
 
-    fn commit(&mut self, context: &[u32]) {
-        let keep = common_prefix(&self.fed, context, self.committed);
-        self.model.truncate(keep);
-        self.fed.truncate(keep);
-        self.committed = keep;
+    fn commit(&mut self, _: &[u32]) {}
+
+    fn start(&mut self, prompt: &[u32]) -> Result<()> {
+        self.model.reset();
+        self.model.prepare(prompt)
     }
 
-    fn start(&mut self, _prompt: &[u32]) {
-        self.model.truncate(0);
-        self.fed.clear();
-        self.committed = 0;
+    fn stats(&self) -> NodeStats {
+        NodeStats {
+            name: self.name.clone(),
+            kind: "model".into(),
+            forward_calls: self.model.calls,
+            ..Default::default()
+        }
     }
 }
