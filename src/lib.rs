@@ -40,6 +40,7 @@ pub mod ngram;
 pub mod review;
 pub mod sampling;
 pub mod stream;
+pub mod theory;
 pub mod tokenizer;
 pub mod verifier;
 

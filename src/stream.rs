@@ -5,10 +5,17 @@ use crate::tokenizer::Tokenizer;
 
 /// Decodes generated tokens as they are committed, finds stop strings, and releases text
 /// that is final: not a possible start of a stop string, not half of a UTF-8 character.
+///
+/// Decoding is incremental (only the last few tokens are decoded per step, as in
+/// `tokenizers`' streaming decoders), so a long generation costs linear time.
 pub struct TextStream<'a> {
     tokenizer: &'a Tokenizer,
     stop: &'a [String],
     ids: Vec<u32>,
+    /// `ids[prefix..read]` were decoded into `text` already; `ids[read..]` are pending (an
+    /// incomplete UTF-8 character).
+    prefix: usize,
+    read: usize,
     text: String,
     released: usize,
 }
@@ -19,6 +26,8 @@ impl<'a> TextStream<'a> {
             tokenizer,
             stop,
             ids: Vec::new(),
+            prefix: 0,
+            read: 0,
             text: String::new(),
             released: 0,
         }
@@ -28,7 +37,16 @@ impl<'a> TextStream<'a> {
     /// cut just before it.
     pub fn push(&mut self, id: u32) -> Result<bool> {
         self.ids.push(id);
-        self.text = self.tokenizer.decode(&self.ids)?;
+        let before = self.tokenizer.decode(&self.ids[self.prefix..self.read])?;
+        let now = self.tokenizer.decode(&self.ids[self.prefix..])?;
+        if now.len() > before.len()
+            && !now.ends_with('\u{FFFD}')
+            && now.is_char_boundary(before.len())
+        {
+            self.text.push_str(&now[before.len()..]);
+            self.prefix = self.read;
+            self.read = self.ids.len();
+        }
         let longest = self.stop.iter().map(String::len).max().unwrap_or(0);
         // Only the tail can hold a new match: earlier text was checked before.
         let mut from = self.released.saturating_sub(longest);
@@ -47,15 +65,26 @@ impl<'a> TextStream<'a> {
         Ok(false)
     }
 
-    /// Text that became final since the last call. With `finished`, everything left.
+    /// Text that became final since the last call. With `finished`, everything left
+    /// (a dangling partial character included, as the replacement character).
     pub fn take_final(&mut self, finished: bool) -> &str {
+        if finished && self.read < self.ids.len() {
+            let before = self
+                .tokenizer
+                .decode(&self.ids[self.prefix..self.read])
+                .unwrap_or_default();
+            let now = self
+                .tokenizer
+                .decode(&self.ids[self.prefix..])
+                .unwrap_or_default();
+            if now.len() > before.len() && now.is_char_boundary(before.len()) {
+                self.text.push_str(&now[before.len()..]);
+            }
+            self.read = self.ids.len();
+        }
         let mut end = self.text.len();
         if !finished {
-            // Hold back a trailing replacement character (a UTF-8 sequence split across
-            // tokens) and any suffix that could begin a stop string.
-            if self.text.ends_with('\u{FFFD}') {
-                end -= '\u{FFFD}'.len_utf8();
-            }
+            // Hold back any suffix that could begin a stop string.
             let held = self
                 .stop
                 .iter()

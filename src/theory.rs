@@ -1,0 +1,134 @@
+//! The papers' closed forms for what speculation should gain.
+//!
+//! - Leviathan et al. 2023: expected tokens per target call with acceptance rate `a` and `g`
+//!   drafted tokens, `(1 - a^(g+1)) / (1 - a)` (equation 1), and the walltime improvement
+//!   factor of Theorem 3.8, `(1 - a^(g+1)) / ((1 - a)(g c + 1))`, for a drafter costing `c`
+//!   target calls per token.
+//! - CS Drafting, Theorem 4.1: with position-dependent drafters (acceptance `a_i`, cost `c_i`
+//!   at draft position `i`), `EWIF = sum_{i=0..k} prod_{j<=i} a_j / (1 + sum_i c_i)`.
+//! - CS Drafting, section 5: the standardized walltime improvement
+//!   `SWI = n / (target calls + sum_i calls_i c_i)`.
+//!
+//! The papers assume a verify forward over g + 1 tokens costs one target call. On a CPU it
+//! costs `r(g + 1)` calls (measured by `cargo bench --bench forward`); the `_with_verify_cost`
+//! variants divide by that instead.
+
+/// Expected tokens per target call: `(1 - a^(g+1)) / (1 - a)` (`g + 1` when `a = 1`).
+pub fn expected_tokens(a: f64, g: usize) -> f64 {
+    position_dependent_tokens(&vec![a; g])
+}
+
+/// Theorem 3.8: expected walltime improvement over autoregressive decoding.
+pub fn improvement(a: f64, g: usize, c: f64) -> f64 {
+    expected_tokens(a, g) / (g as f64 * c + 1.0)
+}
+
+/// The `g` in `1..=max_g` that maximizes [`improvement`], with its value; `(0, 1.0)` when no
+/// `g` improves on autoregressive decoding.
+pub fn optimal_gamma(a: f64, c: f64, max_g: usize) -> (usize, f64) {
+    (1..=max_g)
+        .map(|g| (g, improvement(a, g, c)))
+        .fold((0, 1.0), |best, x| if x.1 > best.1 { x } else { best })
+}
+
+/// Expected tokens per call when position `i` (1-based) is accepted with probability
+/// `accept[i - 1]` given the earlier ones were: `sum_{i=0..k} prod_{j<=i} a_j`.
+pub fn position_dependent_tokens(accept: &[f64]) -> f64 {
+    let mut total = 1.0;
+    let mut reach = 1.0;
+    for &a in accept {
+        reach *= a;
+        total += reach;
+    }
+    total
+}
+
+/// CS Drafting Theorem 4.1: expected walltime improvement factor with position-dependent
+/// acceptance rates and costs.
+pub fn ewif(accept: &[f64], cost: &[f64]) -> f64 {
+    position_dependent_tokens(accept) / (1.0 + cost.iter().sum::<f64>())
+}
+
+/// [`ewif`] when verifying `k` draft tokens costs `verify_cost` target calls instead of one.
+pub fn ewif_with_verify_cost(accept: &[f64], cost: &[f64], verify_cost: f64) -> f64 {
+    position_dependent_tokens(accept) / (verify_cost + cost.iter().sum::<f64>())
+}
+
+/// CS Drafting's standardized walltime improvement: `n` tokens generated with `target_calls`
+/// target runs and, per drafter model, (runs, cost coefficient).
+pub fn swi(n: usize, target_calls: usize, drafters: &[(usize, f64)]) -> f64 {
+    n as f64
+        / (target_calls as f64
+            + drafters
+                .iter()
+                .map(|&(calls, c)| calls as f64 * c)
+                .sum::<f64>())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn close(a: f64, b: f64) -> bool {
+        (a - b).abs() < 1e-9 * b.abs().max(1.0)
+    }
+
+    #[test]
+    fn expected_tokens_matches_the_closed_form() {
+        for (a, g) in [(0.5, 1), (0.6, 4), (0.8, 7), (0.9, 3), (0.99, 10)] {
+            let closed = (1.0 - f64::powi(a, g as i32 + 1)) / (1.0 - a);
+            assert!(close(expected_tokens(a, g), closed), "a={a} g={g}");
+        }
+        assert_eq!(expected_tokens(1.0, 4), 5.0);
+        assert_eq!(expected_tokens(0.0, 4), 1.0);
+    }
+
+    #[test]
+    fn improvement_matches_theorem_3_8() {
+        for (a, g, c) in [(0.6, 3, 0.05), (0.8, 5, 0.1), (0.9, 8, 0.02), (0.7, 1, 0.5)] {
+            let closed = (1.0 - f64::powi(a, g as i32 + 1)) / ((1.0 - a) * (g as f64 * c + 1.0));
+            assert!(close(improvement(a, g, c), closed));
+        }
+        // Corollary: with g = 1 the factor is (1 + a) / (1 + c).
+        assert!(close(improvement(0.7, 1, 0.2), 1.7 / 1.2));
+    }
+
+    #[test]
+    fn optimal_gamma_as_in_leviathan_figure_3() {
+        // Figure 3 plots the argmax over integer g of the closed form; recompute it literally.
+        let argmax = |a: f64, c: f64| {
+            let f = |g: i32| (1.0 - a.powi(g + 1)) / ((1.0 - a) * (g as f64 * c + 1.0));
+            (1..=30).max_by(|&x, &y| f(x).total_cmp(&f(y))).unwrap() as usize
+        };
+        for (a, c) in [
+            (0.9, 0.01),
+            (0.8, 0.05),
+            (0.6, 0.1),
+            (0.7, 0.02),
+            (0.95, 0.05),
+        ] {
+            assert_eq!(optimal_gamma(a, c, 30).0, argmax(a, c), "a={a} c={c}");
+        }
+        // The figure's shape: better drafters want longer drafts, costlier ones shorter.
+        assert!(optimal_gamma(0.9, 0.05, 30).0 > optimal_gamma(0.7, 0.05, 30).0);
+        assert!(optimal_gamma(0.8, 0.01, 30).0 > optimal_gamma(0.8, 0.2, 30).0);
+        // A drafter no better than its cost never helps (Corollary 3.9: it needs a > c).
+        assert_eq!(optimal_gamma(0.3, 0.4, 30), (0, 1.0));
+    }
+
+    #[test]
+    fn ewif_generalizes_theorem_3_8() {
+        let (a, c, g) = (0.75, 0.1, 5);
+        assert!(close(ewif(&vec![a; g], &vec![c; g]), improvement(a, g, c)));
+        // A cheaper drafter for later positions (the horizontal cascade's point).
+        let mixed = ewif(&[0.8, 0.8, 0.5, 0.5], &[0.3, 0.3, 0.0, 0.0]);
+        assert!(close(mixed, (1.0 + 0.8 + 0.64 + 0.32 + 0.16) / 1.6));
+        assert!(close(ewif_with_verify_cost(&[0.5], &[0.0], 2.0), 0.75));
+    }
+
+    #[test]
+    fn swi_counts_model_runs_weighted_by_cost() {
+        assert!(close(swi(100, 40, &[(160, 0.1)]), 100.0 / 56.0));
+        assert!(close(swi(100, 100, &[]), 1.0));
+    }
+}
