@@ -570,8 +570,17 @@ impl Plan {
     /// Loads the models (each file once) and assembles the engine. `progress(what, done, total)`
     /// reports loading.
     pub fn build(&self, progress: &mut dyn FnMut(&str, usize, usize)) -> Result<Engine> {
+        self.build_with(&mut ModelStore::default(), progress)
+    }
+
+    /// [`Plan::build`] with model files shared through `store` (several plans in one process).
+    pub fn build_with(
+        &self,
+        store: &mut ModelStore,
+        progress: &mut dyn FnMut(&str, usize, usize),
+    ) -> Result<Engine> {
         let mut b = Builder {
-            store: ModelStore::default(),
+            store,
             tables: HashMap::new(),
             progress,
             context: self.context,
@@ -581,17 +590,24 @@ impl Plan {
             None => None,
             Some(node) => Some(b.drafter(node, &target)?),
         };
+        let name = file_label(&self.target.path);
         Ok(Engine::new(
-            Box::new(target.instance("target", self.context)),
+            Box::new(target.instance(&name, self.context)),
             drafter,
             target.tokenizer.clone(),
         ))
     }
 }
 
+/// A model's file name, which names its instances (in messages and per-model counters).
+pub fn file_label(path: &Path) -> String {
+    path.file_name()
+        .map_or_else(String::new, |n| n.to_string_lossy().into_owned())
+}
+
 /// Loads what a plan names, sharing model files and tables between the nodes that use them.
 struct Builder<'a> {
-    store: ModelStore,
+    store: &'a mut ModelStore,
     tables: HashMap<PathBuf, Arc<BigramTable>>,
     progress: &'a mut dyn FnMut(&str, usize, usize),
     context: Option<usize>,
@@ -599,10 +615,7 @@ struct Builder<'a> {
 
 impl Builder<'_> {
     fn model(&mut self, m: &ModelPlan) -> Result<Arc<LoadedModel>> {
-        let label = m
-            .path
-            .file_name()
-            .map_or_else(String::new, |n| n.to_string_lossy().into_owned());
+        let label = file_label(&m.path);
         let progress = &mut *self.progress;
         self.store
             .load(&m.path, m.tokenizer.as_deref(), &mut |d, t| {
@@ -627,10 +640,8 @@ impl Builder<'_> {
             DrafterPlan::Model(m) => {
                 let model = self.model(m)?;
                 check_vocab(target, "target", &model, name)?;
-                Box::new(NeuralDrafter::new(
-                    name,
-                    Box::new(model.instance(name, self.context)),
-                ))
+                let instance = model.instance(&file_label(&m.path), self.context);
+                Box::new(NeuralDrafter::new(name, Box::new(instance)))
             }
             DrafterPlan::Bigram { table, sample } => Box::new(BigramDrafter::new(
                 name,
@@ -653,9 +664,10 @@ impl Builder<'_> {
                 let model = self.model(reviewer)?;
                 check_vocab(target, "target", &model, name)?;
                 let inner = self.drafter(inner, target)?;
+                let instance = model.instance(&file_label(&reviewer.path), self.context);
                 Box::new(VerticalCascade::new(
                     name,
-                    Box::new(model.instance(name, self.context)),
+                    Box::new(instance),
                     inner,
                     *k,
                     *lenience,

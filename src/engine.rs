@@ -69,6 +69,8 @@ pub struct Stats {
     /// `accepted_at[i]`: rounds where that token was accepted.
     pub drafted_at: Vec<usize>,
     pub accepted_at: Vec<usize>,
+    /// `reached_at[i]`: rounds where position i was reviewed (every earlier one accepted).
+    pub reached_at: Vec<usize>,
     pub prefill_seconds: f64,
     pub decode_seconds: f64,
 }
@@ -84,13 +86,19 @@ impl Stats {
         self.generated_tokens as f64 / self.decode_seconds.max(1e-9)
     }
 
-    /// Fraction of drafted tokens accepted at each draft position.
+    /// Acceptance rate at each draft position, given it was reviewed (every earlier
+    /// position accepted): the `a_i` of CS Drafting's Theorem 4.1.
     pub fn acceptance_by_position(&self) -> Vec<f64> {
-        self.drafted_at
+        self.reached_at
             .iter()
             .zip(&self.accepted_at)
-            .map(|(&d, &a)| a as f64 / d.max(1) as f64)
+            .map(|(&r, &a)| a as f64 / r.max(1) as f64)
             .collect()
+    }
+
+    /// Mean draft length per target call.
+    pub fn mean_draft_len(&self) -> f64 {
+        self.drafted as f64 / self.target_calls.max(1) as f64
     }
 
     fn record(&mut self, drafted: usize, accepted: usize) {
@@ -100,6 +108,11 @@ impl Stats {
             drafted,
             accepted,
         );
+        let reviewed = drafted.min(accepted + 1);
+        if self.reached_at.len() < reviewed {
+            self.reached_at.resize(reviewed, 0);
+        }
+        self.reached_at[..reviewed].iter_mut().for_each(|c| *c += 1);
         self.drafted += drafted;
         self.accepted += accepted;
     }

@@ -30,6 +30,7 @@
 //! # Ok::<(), cascade::Error>(())
 //! ```
 
+pub mod bench;
 pub mod chat;
 pub mod config;
 pub mod drafter;
@@ -37,6 +38,7 @@ pub mod engine;
 pub mod error;
 pub mod model;
 pub mod ngram;
+pub mod plot;
 pub mod review;
 pub mod sampling;
 pub mod stream;

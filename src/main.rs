@@ -20,11 +20,38 @@ struct Cli {
 enum Command {
     /// Generate text from a prompt with the target model and (optionally) a drafter.
     Generate(GenerateArgs),
+    /// Compare configs on a prompt suite against autoregressive decoding, in one process.
+    Bench(BenchArgs),
     /// Bigram tables for the statistical drafters (bigram, Max-Gram).
     Ngram {
         #[command(subcommand)]
         command: NgramCommand,
     },
+}
+
+#[derive(Args)]
+struct BenchArgs {
+    /// Configs to compare (the first one's target also runs alone as the autoregressive baseline).
+    #[arg(short, long, num_args = 1.., required = true)]
+    configs: Vec<PathBuf>,
+    /// Prompt suite (JSONL: category, prompt, chat).
+    #[arg(short, long, default_value = "prompts/suite.jsonl")]
+    prompts: PathBuf,
+    /// Tokens generated per prompt.
+    #[arg(short = 'n', long, default_value_t = 64)]
+    max_new_tokens: usize,
+    /// Timed passes over the suite.
+    #[arg(long, default_value_t = 1)]
+    repeats: usize,
+    /// Prompts run untimed first.
+    #[arg(long, default_value_t = 2)]
+    warmup: usize,
+    /// Use only the first N prompts of each category.
+    #[arg(long)]
+    per_category: Option<usize>,
+    /// Report folder (report.json, report.md, acceptance.svg, speedup.svg).
+    #[arg(short, long, default_value = "reports/latest")]
+    out: PathBuf,
 }
 
 #[derive(Subcommand)]
@@ -111,6 +138,7 @@ fn main() {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Generate(args) => generate(args),
+        Command::Bench(args) => bench(args),
         Command::Ngram {
             command: NgramCommand::Build(args),
         } => ngram_build(args),
@@ -214,6 +242,195 @@ fn generate(args: GenerateArgs) -> Result<()> {
             }).collect::<Vec<_>>(),
         });
         println!("{}", serde_json::to_string_pretty(&doc)?);
+    }
+    Ok(())
+}
+
+fn bench(args: BenchArgs) -> Result<()> {
+    use cascade::bench::{self, BenchConfig, BenchOptions};
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    let mut suite = bench::load_suite(&args.prompts)?;
+    if let Some(n) = args.per_category {
+        let mut seen = std::collections::HashMap::new();
+        suite.retain(|p| {
+            let c = seen.entry(p.category.clone()).or_insert(0);
+            *c += 1;
+            *c <= n
+        });
+    }
+    let configs = args
+        .configs
+        .iter()
+        .map(|path| {
+            let base = path.parent().map(PathBuf::from).unwrap_or_default();
+            let plan = RawConfig::load(path)?.validate(&base)?;
+            let label = path
+                .file_stem()
+                .map_or("config".into(), |s| s.to_string_lossy().into_owned());
+            Ok(BenchConfig { label, plan })
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let stop = Arc::new(AtomicBool::new(false));
+    let flag = stop.clone();
+    ctrlc::set_handler(move || {
+        eprintln!("\ncascade: interrupted, finishing the current run and writing the report");
+        flag.store(true, Ordering::Relaxed);
+    })?;
+    let mut store = cascade::model::ModelStore::default();
+    eprintln!(
+        "loading {} configs and measuring model costs",
+        configs.len()
+    );
+    let (records, interrupted) = {
+        let bar = ProgressBar::new(0).with_style(
+            ProgressStyle::with_template("[{elapsed_precise}] [{bar:30}] {pos}/{len} {msg}")
+                .unwrap()
+                .progress_chars("=> "),
+        );
+        let opts = BenchOptions {
+            max_new_tokens: args.max_new_tokens,
+            repeats: args.repeats,
+            warmup_prompts: args.warmup,
+        };
+        let out = bench::run(
+            &configs,
+            &suite,
+            &opts,
+            &mut store,
+            &stop,
+            &mut |done, total, what| {
+                bar.set_length(total as u64);
+                bar.set_position(done as u64);
+                bar.set_message(what.to_string());
+            },
+        )?;
+        bar.finish_and_clear();
+        out
+    };
+    let target_path = &configs[0].plan.target.path;
+    let loaded: Vec<_> = store.loaded().cloned().collect();
+    let target = loaded
+        .iter()
+        .find(|m| &m.path == target_path)
+        .expect("the target was loaded");
+    let others: Vec<&cascade::model::LoadedModel> = loaded
+        .iter()
+        .filter(|m| &m.path != target_path)
+        .map(|m| m.as_ref())
+        .collect();
+    let (verify_cost, models) = bench::measure_costs(target, &others)?;
+    let k_of = |label: &str| {
+        configs
+            .iter()
+            .find(|c| c.label == label)
+            .map_or(0, |c| c.plan.options.k)
+    };
+    let summary = bench::summarize(&records, &models, &verify_cost, &k_of);
+    let report = bench::Report {
+        date: String::from_utf8_lossy(
+            &std::process::Command::new("date")
+                .arg("-u")
+                .arg("+%Y-%m-%d %H:%M UTC")
+                .output()?
+                .stdout,
+        )
+        .trim()
+        .to_string(),
+        threads: candle_core::utils::get_num_threads(),
+        command: std::env::args().collect::<Vec<_>>().join(" "),
+        options: BenchOptions {
+            max_new_tokens: args.max_new_tokens,
+            repeats: args.repeats,
+            warmup_prompts: args.warmup,
+        },
+        verify_cost,
+        models,
+        runs: records,
+        summary,
+        interrupted,
+    };
+    std::fs::create_dir_all(&args.out)?;
+    let table = bench::markdown(&report.summary);
+    std::fs::write(
+        args.out.join("report.json"),
+        serde_json::to_string_pretty(&report)?,
+    )?;
+    std::fs::write(args.out.join("report.md"), &table)?;
+    let labels: Vec<String> = report
+        .summary
+        .iter()
+        .filter(|s| s.category == "all")
+        .map(|s| s.config.clone())
+        .collect();
+    let acceptance: Vec<(String, Vec<f64>)> = report
+        .summary
+        .iter()
+        .filter(|s| s.category == "all" && s.config != "autoregressive")
+        .map(|s| (s.config.clone(), s.acceptance_by_position.clone()))
+        .collect();
+    let mut categories: Vec<String> = report
+        .summary
+        .iter()
+        .map(|s| s.category.clone())
+        .filter(|c| c != "all")
+        .collect();
+    categories.sort();
+    categories.dedup();
+    let speedups: Vec<(String, Vec<f64>)> = labels
+        .iter()
+        .filter(|l| *l != "autoregressive")
+        .map(|l| {
+            let v = categories
+                .iter()
+                .map(|c| {
+                    report
+                        .summary
+                        .iter()
+                        .find(|s| &s.config == l && &s.category == c)
+                        .map_or(0.0, |s| s.speedup_mean)
+                })
+                .collect();
+            (l.clone(), v)
+        })
+        .collect();
+    std::fs::write(
+        args.out.join("acceptance.svg"),
+        cascade::plot::acceptance(&acceptance),
+    )?;
+    std::fs::write(
+        args.out.join("speedup.svg"),
+        cascade::plot::speedup(&categories, &speedups),
+    )?;
+    println!("{table}");
+    let costs: Vec<String> = report
+        .models
+        .iter()
+        .map(|m| {
+            format!(
+                "{} {:.1} ms (c = {:.2})",
+                m.model, m.decode_ms, m.c_measured
+            )
+        })
+        .collect();
+    let r: Vec<String> = report
+        .verify_cost
+        .iter()
+        .map(|(k, r)| format!("r({k}) = {r:.2}"))
+        .collect();
+    println!("decode: {}; verify: {}", costs.join(", "), r.join(", "));
+    println!("report: {}", args.out.display());
+    let mismatches: usize = report
+        .summary
+        .iter()
+        .filter(|s| s.category == "all")
+        .map(|s| s.greedy_mismatches)
+        .sum();
+    if mismatches > 0 {
+        bail!("{mismatches} greedy run(s) differ from autoregressive decoding: this is a bug");
+    }
+    if interrupted {
+        eprintln!("cascade: interrupted: the report holds the runs finished before Ctrl-C");
     }
     Ok(())
 }

@@ -155,3 +155,95 @@ fn generate_json_reports_counters_for_every_cascade_node() {
     assert!(accepted <= drafted);
     assert_eq!(vertical["children"][0]["kind"], "max_gram");
 }
+
+#[test]
+fn a_small_bench_run_writes_a_complete_report() {
+    let _s = serial();
+    let out = tempfile::tempdir().unwrap();
+    let out_dir = out.path().to_str().unwrap();
+    let (ok, stdout, err) = cascade(
+        &[
+            "bench",
+            "-c",
+            "configs/max-gram.toml",
+            "--per-category",
+            "1",
+            "-n",
+            "6",
+            "--warmup",
+            "0",
+            "--out",
+            out_dir,
+        ],
+        None,
+    );
+    assert!(ok, "{err}");
+    assert!(stdout.contains("| max-gram |"), "{stdout}");
+    let report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.path().join("report.json")).unwrap())
+            .unwrap();
+    for key in [
+        "date",
+        "threads",
+        "command",
+        "options",
+        "verify_cost",
+        "models",
+        "runs",
+        "summary",
+        "interrupted",
+    ] {
+        assert!(!report[key].is_null(), "missing {key}");
+    }
+    let runs = report["runs"].as_array().unwrap();
+    assert_eq!(runs.len(), 12, "6 categories x (autoregressive + max-gram)");
+    for key in [
+        "config",
+        "category",
+        "prompt",
+        "repeat",
+        "prompt_tokens",
+        "generated_tokens",
+        "prefill_seconds",
+        "decode_seconds",
+        "decode_tokens_per_second",
+        "speedup",
+        "target_calls",
+        "drafted",
+        "accepted",
+        "reached_at",
+        "accepted_at",
+        "model_calls",
+        "matches_autoregressive",
+    ] {
+        assert!(runs.iter().all(|r| !r[key].is_null()), "a run lacks {key}");
+    }
+    let summary = report["summary"].as_array().unwrap();
+    for key in [
+        "config",
+        "category",
+        "runs",
+        "decode_tokens_per_second",
+        "speedup_mean",
+        "speedup_sd",
+        "tokens_per_call",
+        "mean_draft_len",
+        "acceptance_by_position",
+        "swi_params",
+        "swi_measured",
+        "predicted_paper",
+        "predicted_cpu",
+        "greedy_mismatches",
+    ] {
+        assert!(
+            summary.iter().all(|s| !s[key].is_null()),
+            "a summary lacks {key}"
+        );
+    }
+    assert!(summary.iter().all(|s| s["greedy_mismatches"] == 0));
+    for f in ["report.md", "acceptance.svg", "speedup.svg"] {
+        assert!(out.path().join(f).is_file(), "{f} missing");
+    }
+    let svg = std::fs::read_to_string(out.path().join("speedup.svg")).unwrap();
+    assert!(svg.starts_with("<svg") && svg.contains("max-gram"));
+}

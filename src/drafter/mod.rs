@@ -54,6 +54,8 @@ impl Draft {
 pub struct NodeStats {
     pub name: String,
     pub kind: String,
+    /// This node's own model (its instance name), if it has one.
+    pub model: Option<String>,
     /// Forward passes of this node's own model (drafting or reviewing).
     pub forward_calls: usize,
     /// For a reviewing node: how often its inner drafter proposed a token at each draft
@@ -61,6 +63,16 @@ pub struct NodeStats {
     pub drafted_at: Vec<usize>,
     pub accepted_at: Vec<usize>,
     pub children: Vec<NodeStats>,
+}
+
+impl NodeStats {
+    /// Forward passes per model over the whole tree.
+    pub fn model_calls(&self, into: &mut std::collections::BTreeMap<String, usize>) {
+        if let Some(m) = &self.model {
+            *into.entry(m.clone()).or_default() += self.forward_calls;
+        }
+        self.children.iter().for_each(|c| c.model_calls(into));
+    }
 }
 
 /// A source of draft tokens.

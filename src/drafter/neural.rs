@@ -60,6 +60,7 @@ impl Drafter for NeuralDrafter {
         NodeStats {
             name: self.name.clone(),
             kind: "model".into(),
+            model: Some(self.model.model().name().to_string()),
             forward_calls: self.model.calls,
             ..Default::default()
         }

@@ -128,6 +128,7 @@ impl Drafter for VerticalCascade {
         NodeStats {
             name: self.name.clone(),
             kind: "vertical".into(),
+            model: Some(self.reviewer.model().name().to_string()),
             forward_calls: self.reviewer.calls,
             drafted_at: self.drafted_at.clone(),
             accepted_at: self.accepted_at.clone(),

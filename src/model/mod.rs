@@ -115,6 +115,11 @@ pub struct ModelStore {
 }
 
 impl ModelStore {
+    /// The models loaded so far.
+    pub fn loaded(&self) -> impl Iterator<Item = &Arc<LoadedModel>> {
+        self.loaded.values()
+    }
+
     pub fn load(
         &mut self,
         path: &Path,

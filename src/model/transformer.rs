@@ -155,6 +155,22 @@ impl Weights {
     pub fn vocab_size(&self) -> usize {
         self.output().rows()
     }
+
+    /// Number of weights (embeddings counted once when tied).
+    pub fn param_count(&self) -> usize {
+        let size = |w: &QWeight| w.rows() * w.cols();
+        let layers: usize = self
+            .layers
+            .iter()
+            .map(|l| {
+                [&l.wq, &l.wk, &l.wv, &l.wo, &l.gate, &l.up, &l.down]
+                    .into_iter()
+                    .map(size)
+                    .sum::<usize>()
+            })
+            .sum();
+        layers + size(&self.embeddings) + self.output.as_ref().map_or(0, size)
+    }
 }
 
 /// A model instance: shared weights plus its own KV cache.

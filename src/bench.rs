@@ -1,0 +1,490 @@
+//! The bench harness: a prompt suite across configs, interleaved, against autoregressive
+//! decoding of the same prompts in the same process, with the papers' metrics beside the
+//! measured ones. The JSON report's fields are documented on the types below.
+
+use crate::config::{file_label, Plan};
+use crate::engine::{Engine, GenerateOptions, Generation};
+use crate::error::{Error, Result};
+use crate::model::{LoadedModel, Model, ModelStore};
+use crate::theory;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Instant;
+
+/// One line of a prompt suite (JSONL).
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct SuitePrompt {
+    pub category: String,
+    pub prompt: String,
+    /// Wrap the prompt in the model's chat template.
+    #[serde(default)]
+    pub chat: bool,
+}
+
+/// Reads a JSONL prompt suite; errors name the line.
+pub fn load_suite(path: &Path) -> Result<Vec<SuitePrompt>> {
+    let text = std::fs::read_to_string(path).map_err(|e| {
+        Error::config(
+            path.display().to_string(),
+            format!("cannot read prompt suite: {e}"),
+        )
+    })?;
+    text.lines()
+        .enumerate()
+        .filter(|(_, l)| !l.trim().is_empty())
+        .map(|(i, l)| {
+            serde_json::from_str(l)
+                .map_err(|e| Error::config(format!("{}:{}", path.display(), i + 1), e.to_string()))
+        })
+        .collect()
+}
+
+/// A config under test: its label (file stem) and validated plan.
+pub struct BenchConfig {
+    pub label: String,
+    pub plan: Plan,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct BenchOptions {
+    pub max_new_tokens: usize,
+    /// Timed passes over the suite.
+    pub repeats: usize,
+    /// Untimed passes over the first prompts before timing (warms caches and page faults).
+    pub warmup_prompts: usize,
+}
+
+/// One generation (JSON `runs[]`).
+#[derive(Clone, Debug, Serialize)]
+pub struct RunRecord {
+    /// Config label; `autoregressive` for the baseline.
+    pub config: String,
+    pub category: String,
+    pub prompt: usize,
+    pub repeat: usize,
+    pub prompt_tokens: usize,
+    pub generated_tokens: usize,
+    pub prefill_seconds: f64,
+    pub decode_seconds: f64,
+    pub decode_tokens_per_second: f64,
+    /// Autoregressive decode time / this run's, same prompt and repeat.
+    pub speedup: f64,
+    pub target_calls: usize,
+    pub drafted: usize,
+    pub accepted: usize,
+    pub reached_at: Vec<usize>,
+    pub accepted_at: Vec<usize>,
+    /// Forward passes per drafter model (by file name).
+    pub model_calls: BTreeMap<String, usize>,
+    /// Greedy runs: whether the tokens equal the autoregressive ones. `None` when sampling.
+    pub matches_autoregressive: Option<bool>,
+}
+
+/// A model's measured cost (JSON `models[]`).
+#[derive(Clone, Debug, Serialize)]
+pub struct ModelCost {
+    pub model: String,
+    pub params: usize,
+    /// Median one-token decode time after a 64-token context.
+    pub decode_ms: f64,
+    /// `decode_ms` relative to the target's: the measured cost coefficient c.
+    pub c_measured: f64,
+    /// Parameter count relative to the target's (the paper's "model size" cost model).
+    pub c_params: f64,
+}
+
+/// Aggregates per config and category (JSON `summary[]`; category `all` for the whole suite).
+#[derive(Clone, Debug, Serialize)]
+pub struct Summary {
+    pub config: String,
+    pub category: String,
+    pub runs: usize,
+    pub decode_tokens_per_second: f64,
+    pub speedup_mean: f64,
+    pub speedup_sd: f64,
+    /// Mean tokens per target call, bonus included (1 for autoregressive).
+    pub tokens_per_call: f64,
+    pub mean_draft_len: f64,
+    /// Acceptance at each draft position given it was reviewed (CS Drafting's a_i).
+    pub acceptance_by_position: Vec<f64>,
+    /// Standardized walltime improvement, costs by parameter count and by measured time.
+    pub swi_params: f64,
+    pub swi_measured: f64,
+    /// Theorem 4.1 with the measured a_i and drafter costs, verify counted as one call.
+    pub predicted_paper: f64,
+    /// The same with the verify forward's measured cost r(k + 1).
+    pub predicted_cpu: f64,
+    pub greedy_mismatches: usize,
+}
+
+/// The whole report (`report.json`).
+#[derive(Clone, Debug, Serialize)]
+pub struct Report {
+    pub date: String,
+    pub threads: usize,
+    pub command: String,
+    pub options: BenchOptions,
+    /// (k, r(k)): target forward over k tokens relative to one.
+    pub verify_cost: Vec<(usize, f64)>,
+    pub models: Vec<ModelCost>,
+    pub runs: Vec<RunRecord>,
+    pub summary: Vec<Summary>,
+    /// True if Ctrl-C stopped the run early (the report holds what was gathered).
+    pub interrupted: bool,
+}
+
+/// Measured (k, r(k)) points: a target forward over k tokens relative to one token.
+pub type VerifyCost = Vec<(usize, f64)>;
+
+/// Median seconds of a forward over `k` tokens after a 64-token context.
+fn forward_seconds(model: &mut dyn Model, k: usize, reps: usize) -> Result<f64> {
+    let ctx: Vec<u32> = (0..64).map(|i| 100 + i * 7).collect();
+    let feed: Vec<u32> = (0..k as u32).map(|i| 300 + i).collect();
+    model.truncate(0);
+    model.prefill(&ctx)?;
+    let mut times = Vec::with_capacity(reps);
+    for _ in 0..=reps {
+        let t = Instant::now();
+        model.forward(&feed)?;
+        times.push(t.elapsed().as_secs_f64());
+        model.truncate(ctx.len());
+    }
+    times.remove(0); // warm-up
+    times.sort_by(f64::total_cmp);
+    Ok(times[times.len() / 2])
+}
+
+/// Measures r(k) for the target and the cost coefficient of every other model.
+pub fn measure_costs(
+    target: &LoadedModel,
+    others: &[&LoadedModel],
+) -> Result<(VerifyCost, Vec<ModelCost>)> {
+    let mut t = target.instance("target", None);
+    let t1 = forward_seconds(&mut t, 1, 8)?;
+    let mut verify = vec![(1, 1.0)];
+    for k in [2, 4, 8, 16] {
+        verify.push((k, forward_seconds(&mut t, k, 4)? / t1));
+    }
+    let tp = target.weights.param_count() as f64;
+    let mut models = vec![ModelCost {
+        model: file_label(&target.path),
+        params: tp as usize,
+        decode_ms: t1 * 1e3,
+        c_measured: 1.0,
+        c_params: 1.0,
+    }];
+    for m in others {
+        let d = forward_seconds(&mut m.instance("m", None), 1, 8)?;
+        models.push(ModelCost {
+            model: file_label(&m.path),
+            params: m.weights.param_count(),
+            decode_ms: d * 1e3,
+            c_measured: d / t1,
+            c_params: m.weights.param_count() as f64 / tp,
+        });
+    }
+    Ok((verify, models))
+}
+
+/// r(k) by linear interpolation of the measured points.
+pub fn interpolate(points: &[(usize, f64)], k: f64) -> f64 {
+    let mut prev = points[0];
+    for &p in points {
+        if k <= p.0 as f64 {
+            let span = (p.0 - prev.0) as f64;
+            return if span == 0.0 {
+                p.1
+            } else {
+                prev.1 + (p.1 - prev.1) * (k - prev.0 as f64) / span
+            };
+        }
+        prev = p;
+    }
+    let (a, b) = (points[points.len() - 2], points[points.len() - 1]);
+    b.1 + (b.1 - a.1) / (b.0 - a.0) as f64 * (k - b.0 as f64)
+}
+
+fn record(config: &str, p: &SuitePrompt, index: usize, repeat: usize, g: &Generation) -> RunRecord {
+    let s = &g.stats;
+    let mut model_calls = BTreeMap::new();
+    if let Some(tree) = &g.drafter {
+        tree.model_calls(&mut model_calls);
+    }
+    RunRecord {
+        config: config.to_string(),
+        category: p.category.clone(),
+        prompt: index,
+        repeat,
+        prompt_tokens: s.prompt_tokens,
+        generated_tokens: s.generated_tokens,
+        prefill_seconds: s.prefill_seconds,
+        decode_seconds: s.decode_seconds,
+        decode_tokens_per_second: s.decode_tokens_per_second(),
+        speedup: 1.0,
+        target_calls: s.target_calls,
+        drafted: s.drafted,
+        accepted: s.accepted,
+        reached_at: s.reached_at.clone(),
+        accepted_at: s.accepted_at.clone(),
+        model_calls,
+        matches_autoregressive: None,
+    }
+}
+
+/// Runs the suite: every prompt through autoregressive decoding (the first config's target
+/// without drafter) and every config, in an order rotated per prompt so that machine drift
+/// hits all configs alike. `progress(done, total)` after each run; `stop` ends early.
+pub fn run(
+    configs: &[BenchConfig],
+    suite: &[SuitePrompt],
+    opts: &BenchOptions,
+    store: &mut ModelStore,
+    stop: &AtomicBool,
+    progress: &mut dyn FnMut(usize, usize, &str),
+) -> Result<(Vec<RunRecord>, bool)> {
+    let first = configs
+        .first()
+        .ok_or_else(|| Error::config("--configs", "no config to bench"))?;
+    let mut baseline_plan = first.plan.clone();
+    baseline_plan.drafter = None;
+    let mut engines: Vec<(String, Engine, GenerateOptions)> = Vec::new();
+    let mut add = |label: &str, plan: &Plan, store: &mut ModelStore| -> Result<()> {
+        let engine = plan.build_with(store, &mut |_, _, _| {})?;
+        let mut o = plan.options.clone();
+        o.max_new_tokens = opts.max_new_tokens;
+        engines.push((label.to_string(), engine, o));
+        Ok(())
+    };
+    add("autoregressive", &baseline_plan, store)?;
+    for c in configs {
+        add(&c.label, &c.plan, store)?;
+    }
+    let prompts: Vec<Vec<u32>> = suite
+        .iter()
+        .map(|p| {
+            let t = &engines[0].1.tokenizer;
+            let text = if p.chat {
+                crate::chat::apply(t, None, &p.prompt)?
+            } else {
+                p.prompt.clone()
+            };
+            t.encode(&text)
+        })
+        .collect::<Result<_>>()?;
+    let n = engines.len();
+    let total = (opts.warmup_prompts.min(suite.len()) + suite.len() * opts.repeats) * n;
+    let mut done = 0;
+    for (i, tokens) in prompts.iter().enumerate().take(opts.warmup_prompts) {
+        for (label, e, o) in &mut engines {
+            e.generate(tokens, o, &mut |_| {})?;
+            done += 1;
+            progress(done, total, &format!("warm-up {label}, prompt {i}"));
+        }
+    }
+    let mut records = Vec::new();
+    for repeat in 0..opts.repeats {
+        for (i, (p, tokens)) in suite.iter().zip(&prompts).enumerate() {
+            let mut outputs: Vec<Option<Generation>> = vec![None; n];
+            for j in 0..n {
+                let slot = (i + repeat + j) % n;
+                if stop.load(Ordering::Relaxed) {
+                    return Ok((records, true));
+                }
+                let (label, e, o) = &mut engines[slot];
+                outputs[slot] = Some(e.generate(tokens, o, &mut |_| {})?);
+                done += 1;
+                progress(done, total, &format!("{label}, {} prompt {i}", p.category));
+            }
+            let base = outputs[0].take().unwrap();
+            let mut base_record = record("autoregressive", p, i, repeat, &base);
+            base_record.matches_autoregressive = Some(true);
+            records.push(base_record);
+            for (j, out) in outputs.into_iter().enumerate().skip(1) {
+                let out = out.unwrap();
+                let mut r = record(&engines[j].0, p, i, repeat, &out);
+                r.speedup = base.stats.decode_seconds / out.stats.decode_seconds.max(1e-9)
+                    * out.stats.generated_tokens.max(1) as f64
+                    / base.stats.generated_tokens.max(1) as f64;
+                if engines[j].2.sampling.is_greedy() {
+                    r.matches_autoregressive = Some(out.tokens == base.tokens);
+                }
+                records.push(r);
+            }
+        }
+    }
+    Ok((records, false))
+}
+
+fn mean(v: impl Iterator<Item = f64>) -> (f64, f64) {
+    let v: Vec<f64> = v.collect();
+    let n = v.len().max(1) as f64;
+    let m = v.iter().sum::<f64>() / n;
+    let var = v.iter().map(|x| (x - m).powi(2)).sum::<f64>() / (n - 1.0).max(1.0);
+    (m, var.sqrt())
+}
+
+/// Aggregates runs per (config, category) and per config over the whole suite.
+pub fn summarize(
+    records: &[RunRecord],
+    models: &[ModelCost],
+    verify: &[(usize, f64)],
+    k_of: &dyn Fn(&str) -> usize,
+) -> Vec<Summary> {
+    let mut keys: Vec<(String, String)> = Vec::new();
+    for r in records {
+        for cat in [r.category.clone(), "all".to_string()] {
+            let key = (r.config.clone(), cat);
+            if !keys.contains(&key) {
+                keys.push(key);
+            }
+        }
+    }
+    let cost = |m: &str| models.iter().find(|c| c.model == m);
+    keys.into_iter()
+        .map(|(config, category)| {
+            let rs: Vec<&RunRecord> = records
+                .iter()
+                .filter(|r| r.config == config && (category == "all" || r.category == category))
+                .collect();
+            let tokens: usize = rs.iter().map(|r| r.generated_tokens).sum();
+            let calls: usize = rs.iter().map(|r| r.target_calls).sum();
+            let seconds: f64 = rs.iter().map(|r| r.decode_seconds).sum();
+            let (speedup_mean, speedup_sd) = mean(rs.iter().map(|r| r.speedup));
+            let width = rs.iter().map(|r| r.reached_at.len()).max().unwrap_or(0);
+            let acceptance: Vec<f64> = (0..width)
+                .map(|i| {
+                    let reached: usize = rs
+                        .iter()
+                        .map(|r| r.reached_at.get(i).copied().unwrap_or(0))
+                        .sum();
+                    let accepted: usize = rs
+                        .iter()
+                        .map(|r| r.accepted_at.get(i).copied().unwrap_or(0))
+                        .sum();
+                    accepted as f64 / reached.max(1) as f64
+                })
+                .collect();
+            let mut model_calls: BTreeMap<&str, usize> = BTreeMap::new();
+            for r in &rs {
+                for (m, c) in &r.model_calls {
+                    *model_calls.entry(m).or_default() += c;
+                }
+            }
+            let weighted = |f: &dyn Fn(&ModelCost) -> f64| -> Vec<(usize, f64)> {
+                model_calls
+                    .iter()
+                    .map(|(m, &c)| (c, cost(m).map_or(0.0, f)))
+                    .collect()
+            };
+            let swi_params = theory::swi(tokens, calls, &weighted(&|c| c.c_params));
+            let swi_measured = theory::swi(tokens, calls, &weighted(&|c| c.c_measured));
+            // Drafter cost per target call in target-call units, and the expected tokens per
+            // call from the measured acceptance over the configured draft length.
+            let drafter_cost: f64 = weighted(&|c| c.c_measured)
+                .iter()
+                .map(|(n, c)| *n as f64 * c)
+                .sum::<f64>()
+                / calls.max(1) as f64;
+            let k = if config == "autoregressive" {
+                0
+            } else {
+                k_of(&config)
+            };
+            let mut accept = acceptance.clone();
+            accept.resize(k, 0.0);
+            let expected = theory::position_dependent_tokens(&accept);
+            let drafted: usize = rs.iter().map(|r| r.drafted).sum();
+            let mean_draft_len = drafted as f64 / calls.max(1) as f64;
+            Summary {
+                runs: rs.len(),
+                decode_tokens_per_second: tokens as f64 / seconds.max(1e-9),
+                speedup_mean,
+                speedup_sd,
+                tokens_per_call: tokens as f64 / calls.max(1) as f64,
+                mean_draft_len,
+                acceptance_by_position: acceptance,
+                swi_params,
+                swi_measured,
+                predicted_paper: expected / (1.0 + drafter_cost),
+                predicted_cpu: expected
+                    / (interpolate(verify, mean_draft_len + 1.0) + drafter_cost),
+                greedy_mismatches: rs
+                    .iter()
+                    .filter(|r| r.matches_autoregressive == Some(false))
+                    .count(),
+                config,
+                category,
+            }
+        })
+        .collect()
+}
+
+/// The terminal / README table: one row per config over the whole suite, then speedup per
+/// category.
+pub fn markdown(summary: &[Summary]) -> String {
+    let mut out = String::from(
+        "| config | tokens/s | speedup (± sd) | tokens/call | SWI (params) | SWI (measured c) | predicted (paper) | predicted (CPU) | greedy mismatches |\n|---|---|---|---|---|---|---|---|---|\n",
+    );
+    for s in summary.iter().filter(|s| s.category == "all") {
+        out += &format!(
+            "| {} | {:.1} | {:.2} ± {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {} |\n",
+            s.config,
+            s.decode_tokens_per_second,
+            s.speedup_mean,
+            s.speedup_sd,
+            s.tokens_per_call,
+            s.swi_params,
+            s.swi_measured,
+            s.predicted_paper,
+            s.predicted_cpu,
+            s.greedy_mismatches
+        );
+    }
+    let mut cats: Vec<&str> = summary
+        .iter()
+        .map(|s| s.category.as_str())
+        .filter(|c| *c != "all")
+        .collect();
+    cats.sort();
+    cats.dedup();
+    out += &format!(
+        "\n| speedup by category | {} |\n|---|{}\n",
+        cats.join(" | "),
+        "---|".repeat(cats.len())
+    );
+    let mut configs: Vec<&str> = Vec::new();
+    for s in summary {
+        if !configs.contains(&s.config.as_str()) {
+            configs.push(&s.config);
+        }
+    }
+    for c in configs {
+        let cells: Vec<String> = cats
+            .iter()
+            .map(|cat| {
+                summary
+                    .iter()
+                    .find(|s| s.config == c && s.category == *cat)
+                    .map_or("-".into(), |s| format!("{:.2}", s.speedup_mean))
+            })
+            .collect();
+        out += &format!("| {c} | {} |\n", cells.join(" | "));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn interpolation_between_and_beyond_measured_points() {
+        let pts = [(1, 1.0), (2, 1.4), (4, 2.0), (8, 3.0)];
+        assert_eq!(interpolate(&pts, 1.0), 1.0);
+        assert!((interpolate(&pts, 3.0) - 1.7).abs() < 1e-12);
+        assert!((interpolate(&pts, 10.0) - 3.5).abs() < 1e-12);
+    }
+}
