@@ -118,6 +118,26 @@ impl Stats {
     }
 }
 
+/// Holds plug-in drafters to their contract: at most `k` tokens, one distribution per token,
+/// ids inside the vocabulary.
+fn check_draft(draft: &mut Draft, k: usize, vocab: usize) -> Result<()> {
+    if draft.tokens.len() != draft.dists.len() {
+        return Err(Error::Drafter(format!(
+            "{} tokens but {} distributions",
+            draft.tokens.len(),
+            draft.dists.len()
+        )));
+    }
+    if let Some(&t) = draft.tokens.iter().find(|&&t| t as usize >= vocab) {
+        return Err(Error::Drafter(format!(
+            "token id {t} is outside the vocabulary ({vocab} tokens)"
+        )));
+    }
+    draft.tokens.truncate(k);
+    draft.dists.truncate(k);
+    Ok(())
+}
+
 /// Counts one review: positions `0..drafted` were drafted, `0..accepted` accepted.
 pub(crate) fn record_positions(
     drafted_at: &mut Vec<usize>,
@@ -238,10 +258,11 @@ impl Engine {
                 .k
                 .min(opts.max_new_tokens - generated.len() - 1)
                 .min(max_len - context.len());
-            let draft = match self.drafter.as_mut() {
+            let mut draft = match self.drafter.as_mut() {
                 Some(d) if k > 0 => d.draft(&context, k, &opts.sampling, &mut rng)?,
                 _ => Draft::default(),
             };
+            check_draft(&mut draft, k, self.target.model().vocab_size())?;
             let logits = self.target.score(&context, &draft.tokens)?;
             stats.target_calls += 1;
             let verdict = (self.reviewer)(

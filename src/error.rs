@@ -48,6 +48,9 @@ pub enum Error {
         context: usize,
     },
 
+    #[error("drafter broke its contract: {0}")]
+    Drafter(String),
+
     #[error("empty prompt: at least one token is needed to start generation")]
     EmptyPrompt,
 

@@ -22,6 +22,8 @@ enum Command {
     Generate(GenerateArgs),
     /// Compare configs on a prompt suite against autoregressive decoding, in one process.
     Bench(BenchArgs),
+    /// Choose the draft length K from a bench report's measured acceptance and costs.
+    Plan(PlanArgs),
     /// Bigram tables for the statistical drafters (bigram, Max-Gram).
     Ngram {
         #[command(subcommand)]
@@ -52,6 +54,22 @@ struct BenchArgs {
     /// Report folder (report.json, report.md, acceptance.svg, speedup.svg).
     #[arg(short, long, default_value = "reports/latest")]
     out: PathBuf,
+}
+
+#[derive(Args)]
+struct PlanArgs {
+    /// A report.json written by `cascade bench`.
+    #[arg(short, long)]
+    report: PathBuf,
+    /// The config to plan for (its label in the report is the file stem).
+    #[arg(short, long)]
+    config: PathBuf,
+    /// Largest K considered.
+    #[arg(long, default_value_t = 16)]
+    max_k: usize,
+    /// Write the config with the best K here (comments are not kept).
+    #[arg(long)]
+    write: Option<PathBuf>,
 }
 
 #[derive(Subcommand)]
@@ -139,6 +157,7 @@ fn main() {
     let result = match cli.command {
         Command::Generate(args) => generate(args),
         Command::Bench(args) => bench(args),
+        Command::Plan(args) => plan(args),
         Command::Ngram {
             command: NgramCommand::Build(args),
         } => ngram_build(args),
@@ -431,6 +450,93 @@ fn bench(args: BenchArgs) -> Result<()> {
     }
     if interrupted {
         eprintln!("cascade: interrupted: the report holds the runs finished before Ctrl-C");
+    }
+    Ok(())
+}
+
+fn plan(args: PlanArgs) -> Result<()> {
+    use cascade::theory;
+    let report: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(&args.report)
+            .with_context(|| format!("cannot read {}", args.report.display()))?,
+    )
+    .with_context(|| format!("{} is not a bench report", args.report.display()))?;
+    let label = args
+        .config
+        .file_stem()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let summary = report["summary"]
+        .as_array()
+        .and_then(|s| {
+            s.iter()
+                .find(|s| s["config"] == label.as_str() && s["category"] == "all")
+        })
+        .with_context(|| format!("the report has no results for config `{label}`"))?;
+    let accept: Vec<f64> = summary["acceptance_by_position"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|v| v.as_f64())
+        .collect();
+    if accept.is_empty() {
+        bail!("config `{label}` drafted nothing in the report: nothing to plan from");
+    }
+    let verify: Vec<(usize, f64)> = serde_json::from_value(report["verify_cost"].clone())
+        .context("report lacks verify_cost")?;
+    // Drafter cost per drafted token: model forward passes weighted by their measured c.
+    let models = report["models"].as_array().context("report lacks models")?;
+    let c_of = |m: &str| {
+        models
+            .iter()
+            .find(|x| x["model"] == m)
+            .and_then(|x| x["c_measured"].as_f64())
+            .unwrap_or(0.0)
+    };
+    let runs: Vec<&serde_json::Value> = report["runs"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|r| r["config"] == label.as_str())
+        .collect();
+    let drafted: f64 = runs.iter().filter_map(|r| r["drafted"].as_f64()).sum();
+    let model_cost: f64 = runs
+        .iter()
+        .flat_map(|r| r["model_calls"].as_object().into_iter().flatten())
+        .map(|(m, n)| n.as_f64().unwrap_or(0.0) * c_of(m))
+        .sum();
+    let cost = model_cost / drafted.max(1.0);
+    let cpu = theory::plan_k(
+        &accept,
+        cost,
+        &|n| cascade::bench::interpolate(&verify, n as f64),
+        args.max_k,
+    );
+    let paper = theory::plan_k(&accept, cost, &|_| 1.0, args.max_k);
+    println!("config {label}: acceptance by position {:?}, drafter cost {cost:.3} target calls per drafted token", accept.iter().map(|a| (a * 100.0).round() / 100.0).collect::<Vec<_>>());
+    println!("| K | predicted speedup (verify = 1 call, the papers) | predicted speedup (measured r(K+1)) |\n|---|---|---|");
+    for ((k, p), (_, c)) in paper.iter().zip(&cpu) {
+        println!("| {k} | {p:.2} | {c:.2} |");
+    }
+    let best = cpu
+        .iter()
+        .copied()
+        .fold((0, 0.0), |b, x| if x.1 > b.1 { x } else { b });
+    println!(
+        "best K on this machine: {} (predicted {:.2}x{})",
+        best.0,
+        best.1,
+        if best.1 < 1.0 {
+            ", slower than autoregressive decoding"
+        } else {
+            ""
+        }
+    );
+    if let Some(out) = args.write {
+        let mut doc: toml::Value = toml::from_str(&std::fs::read_to_string(&args.config)?)?;
+        doc["target"]["k"] = toml::Value::Integer(best.0 as i64);
+        std::fs::write(&out, toml::to_string(&doc)?)?;
+        println!("wrote {}", out.display());
     }
     Ok(())
 }

@@ -65,6 +65,28 @@ pub fn swi(n: usize, target_calls: usize, drafters: &[(usize, f64)]) -> f64 {
                 .sum::<f64>())
 }
 
+/// Predicted improvement for each draft length `k` in `1..=max_k` of a single drafter whose
+/// acceptance at position `i` is `accept[i]` (the last value extends to later positions),
+/// drafting at `cost` target calls per token, when verifying `k` tokens costs `verify(k + 1)`
+/// target calls: `E[tokens per call] / (verify(k + 1) + k cost)`.
+pub fn plan_k(
+    accept: &[f64],
+    cost: f64,
+    verify: &dyn Fn(usize) -> f64,
+    max_k: usize,
+) -> Vec<(usize, f64)> {
+    let at = |i: usize| accept.get(i).or(accept.last()).copied().unwrap_or(0.0);
+    (1..=max_k)
+        .map(|k| {
+            let a: Vec<f64> = (0..k).map(at).collect();
+            (
+                k,
+                position_dependent_tokens(&a) / (verify(k + 1) + k as f64 * cost),
+            )
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -124,6 +146,24 @@ mod tests {
         let mixed = ewif(&[0.8, 0.8, 0.5, 0.5], &[0.3, 0.3, 0.0, 0.0]);
         assert!(close(mixed, (1.0 + 0.8 + 0.64 + 0.32 + 0.16) / 1.6));
         assert!(close(ewif_with_verify_cost(&[0.5], &[0.0], 2.0), 0.75));
+    }
+
+    #[test]
+    fn plan_k_with_unit_verify_cost_is_theorem_3_8() {
+        let plan = plan_k(&[0.8], 0.05, &|_| 1.0, 30);
+        for &(k, f) in &plan {
+            assert!(close(f, improvement(0.8, k, 0.05)));
+        }
+        let best = plan
+            .iter()
+            .fold((0, 0.0), |b, &x| if x.1 > b.1 { x } else { b });
+        assert_eq!(best.0, optimal_gamma(0.8, 0.05, 30).0);
+        // A verify cost growing with k shortens the best draft.
+        let cpu = plan_k(&[0.8], 0.05, &|n| 1.0 + 0.3 * (n - 1) as f64, 30);
+        let best_cpu = cpu
+            .iter()
+            .fold((0, 0.0), |b, &x| if x.1 > b.1 { x } else { b });
+        assert!(best_cpu.0 < best.0, "{best_cpu:?} vs {best:?}");
     }
 
     #[test]

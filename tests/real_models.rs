@@ -129,9 +129,14 @@ fn greedy_output_with_statistical_drafters_equals_autoregressive_output() {
         ..Default::default()
     };
     let mut ar = engine(None);
+    // One bigram token per miss, so the table fallback is exercised too.
+    let policy = MaxGramPolicy {
+        bigram_tokens: 1,
+        ..Default::default()
+    };
     let mut mag = engine(Some(Box::new(MaxGramDrafter::new(
         "mag",
-        MaxGramPolicy::default(),
+        policy,
         Some(table()),
     ))));
     let mut bigram = engine(Some(Box::new(BigramDrafter::new("bigram", table(), false))));
