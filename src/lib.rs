@@ -39,6 +39,7 @@ pub mod error;
 pub mod model;
 pub mod ngram;
 pub mod plot;
+pub mod profile;
 pub mod review;
 pub mod sampling;
 pub mod stream;

@@ -244,6 +244,9 @@ fn generate(args: GenerateArgs) -> Result<()> {
         }
         samples.push((opts.seed, out));
     }
+    if let Some(table) = cascade::profile::report() {
+        eprintln!("forward time by section (CASCADE_PROFILE=1):\n{table}");
+    }
     if args.json {
         let doc = serde_json::json!({
             "config": args.config,

@@ -10,6 +10,7 @@ use crate::model::gguf::GgufFile;
 use crate::model::kv_cache::KvCache;
 use crate::model::qweight::QWeight;
 use crate::model::{Logits, Model};
+use crate::profile::{time, Section};
 use std::sync::Arc;
 
 /// How RoPE pairs up the dimensions of a head.
@@ -217,7 +218,7 @@ impl Transformer {
                     self.name
                 )));
             }
-            w.embeddings.row(t as usize, row);
+            time(Section::Embed, || w.embeddings.row(t as usize, row));
         }
         let (qd, kvd, ffd) = (c.heads * hd, c.kv_heads * hd, w.layers[0].gate.rows());
         let mut h = vec![0f32; m * d];
@@ -226,27 +227,41 @@ impl Transformer {
         let mut proj = vec![0f32; m * d];
         let (mut g, mut u) = (vec![0f32; m * ffd], vec![0f32; m * ffd]);
         for (li, l) in w.layers.iter().enumerate() {
-            rms_norm(&x, &l.attn_norm, c.rms_eps, &mut h);
-            l.wq.matmul(&h, &mut q)?;
-            l.wk.matmul(&h, &mut k)?;
-            l.wv.matmul(&h, &mut v)?;
-            add_bias(&mut q, l.bias_q.as_deref());
-            add_bias(&mut k, l.bias_k.as_deref());
-            add_bias(&mut v, l.bias_v.as_deref());
-            rope(&mut q, c.heads, hd, pos0, &w.inv_freq, c.rope_style);
-            rope(&mut k, c.kv_heads, hd, pos0, &w.inv_freq, c.rope_style);
+            time(Section::Norm, || {
+                rms_norm(&x, &l.attn_norm, c.rms_eps, &mut h)
+            });
+            time(Section::Qkv, || -> Result<()> {
+                l.wq.matmul(&h, &mut q)?;
+                l.wk.matmul(&h, &mut k)?;
+                l.wv.matmul(&h, &mut v)?;
+                add_bias(&mut q, l.bias_q.as_deref());
+                add_bias(&mut k, l.bias_k.as_deref());
+                add_bias(&mut v, l.bias_v.as_deref());
+                Ok(())
+            })?;
+            time(Section::Rope, || {
+                rope(&mut q, c.heads, hd, pos0, &w.inv_freq, c.rope_style);
+                rope(&mut k, c.kv_heads, hd, pos0, &w.inv_freq, c.rope_style);
+            });
             self.cache.append(li, &k, &v);
             let (keys, values) = self.cache.layer(li);
-            attention(&q, keys, values, pos0, c, &mut att);
-            l.wo.matmul(&att, &mut proj)?;
+            time(Section::Attention, || {
+                attention(&q, keys, values, pos0, c, &mut att)
+            });
+            time(Section::AttnOut, || l.wo.matmul(&att, &mut proj))?;
             add(&mut x, &proj);
-            rms_norm(&x, &l.ffn_norm, c.rms_eps, &mut h);
-            l.gate.matmul(&h, &mut g)?;
-            l.up.matmul(&h, &mut u)?;
-            for (g, u) in g.iter_mut().zip(&u) {
-                *g = *g / (1.0 + (-*g).exp()) * u;
-            }
-            l.down.matmul(&g, &mut proj)?;
+            time(Section::Norm, || {
+                rms_norm(&x, &l.ffn_norm, c.rms_eps, &mut h)
+            });
+            time(Section::GateUp, || -> Result<()> {
+                l.gate.matmul(&h, &mut g)?;
+                l.up.matmul(&h, &mut u)?;
+                for (g, u) in g.iter_mut().zip(&u) {
+                    *g = *g / (1.0 + (-*g).exp()) * u;
+                }
+                Ok(())
+            })?;
+            time(Section::Down, || l.down.matmul(&g, &mut proj))?;
             add(&mut x, &proj);
         }
         self.cache.commit(m);
@@ -267,7 +282,7 @@ impl Model for Transformer {
         let w = &*self.weights;
         let out = w.output();
         let mut data = vec![0f32; tokens.len() * out.rows()];
-        out.matmul(&hidden, &mut data)?;
+        time(Section::Output, || out.matmul(&hidden, &mut data))?;
         Ok(Logits::new(data, out.rows()))
     }
 
