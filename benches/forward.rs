@@ -5,7 +5,8 @@
 //! forward over k new tokens / time of one token, for k = 1, 2, 4, 8, 16.
 //!
 //! `cargo bench --bench forward` (models from `scripts/fetch-models.sh`);
-//! `CASCADE_BENCH_REPS` sets the repetitions (default 5, the median is reported).
+//! `CASCADE_BENCH_REPS` sets the repetitions (default 5, the median is reported);
+//! `CASCADE_BENCH_OWN=1` skips candle-transformers (quicker, for kernel work).
 
 use candle_core::{Device, Tensor};
 use cascade::model::{LoadedModel, Model};
@@ -71,6 +72,10 @@ fn reference(path: &Path, k: usize, reps: usize) -> f64 {
     median(times)
 }
 
+fn rows_label(n: usize) -> &'static [&'static str] {
+    &["cascade", "candle-transformers"][..n]
+}
+
 fn main() {
     let reps: usize = std::env::var("CASCADE_BENCH_REPS")
         .ok()
@@ -107,8 +112,12 @@ fn main() {
         let own_t: Vec<f64> = KS.iter().map(|&k| own(&mut m, k, reps)).collect();
         drop(m);
         drop(loaded);
-        let ref_t: Vec<f64> = KS.iter().map(|&k| reference(path, k, reps)).collect();
-        for (code, t) in [("cascade", &own_t), ("candle-transformers", &ref_t)] {
+        let mut rows = vec![("cascade", own_t.clone())];
+        if std::env::var("CASCADE_BENCH_OWN").is_err() {
+            let ref_t = KS.iter().map(|&k| reference(path, k, reps)).collect();
+            rows.push(("candle-transformers", ref_t));
+        }
+        for (code, t) in &rows {
             println!(
                 "| {label} | {code} | {:.1} | {:.2} | {:.2} | {:.2} | {:.2} |",
                 t[0] * 1e3,
@@ -118,9 +127,17 @@ fn main() {
                 t[4] / t[0]
             );
         }
-        decode.push((own_t[0], ref_t[0]));
+        decode.push(rows.iter().map(|(_, t)| t[0]).collect::<Vec<_>>());
     }
-    if let [(t_own, t_ref), (d_own, d_ref)] = decode[..] {
-        println!("\ncost of the 0.5B draft relative to the 1.5B target (c): cascade {:.2}, candle-transformers {:.2}", d_own / t_own, d_ref / t_ref);
+    if let [target, draft] = &decode[..] {
+        let c: Vec<String> = rows_label(target.len())
+            .iter()
+            .zip(draft.iter().zip(target))
+            .map(|(code, (d, t))| format!("{code} {:.2}", d / t))
+            .collect();
+        println!(
+            "\ncost of the 0.5B draft relative to the 1.5B target (c): {}",
+            c.join(", ")
+        );
     }
 }

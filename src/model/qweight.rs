@@ -3,9 +3,9 @@
 //! A forward over k tokens must give, bit for bit, the logits of k one-token forwards: greedy
 //! speculative decoding then equals greedy autoregressive decoding by construction, not by
 //! luck with near-ties. Both kernels keep that property:
-//! - [`kernels`](super::kernels) (Q4_K, Q6_K, Q8_0 on CPUs with AVX-512 VNNI) unpack each
-//!   weight block once for all activation rows, which is what makes verifying k draft tokens
-//!   cheaper than k decode steps;
+//! - [`kernels`](super::kernels) (Q4_K, Q6_K, Q8_0 on CPUs with AVX-512 VNNI; Q4_K and Q6_K
+//!   repacked at load time) unpack each weight block once for all activation rows, which is
+//!   what makes verifying k draft tokens cheaper than k decode steps;
 //! - otherwise candle's `vec_dot`: every output element is one dot product of a weight row
 //!   with one quantized activation row, the same function whatever the number of rows.
 
@@ -53,11 +53,16 @@ block_kinds! {
 
 /// A weight matrix of `rows` x `cols` (GGUF order: one row per output feature).
 pub struct QWeight {
-    blocks: Blocks,
-    /// Q4_K scales unpacked for the fast kernels.
-    q4k_scales: Vec<[u8; 16]>,
+    storage: Storage,
     rows: usize,
     cols: usize,
+}
+
+enum Storage {
+    /// As in the file (after any widening), multiplied by candle's `vec_dot`.
+    Candle(Blocks),
+    /// Repacked for the fast kernels (Q4_K and Q6_K where the CPU runs them).
+    Packed(kernels::Packed),
 }
 
 impl QWeight {
@@ -105,13 +110,13 @@ impl QWeight {
             GgmlDType::Q6K => Blocks::Q6K(read_blocks(reader, n_blocks)?),
             other => return Err(bad(format!("tensor {name}: unsupported type {other:?}"))),
         };
-        let q4k_scales = match &blocks {
-            Blocks::Q4K(b) if kernels::available() => kernels::q4k_unpacked_scales(b),
-            _ => Vec::new(),
+        let storage = match blocks {
+            Blocks::Q4K(b) if kernels::available() => Storage::Packed(kernels::Packed::q4k(&b)),
+            Blocks::Q6K(b) if kernels::available() => Storage::Packed(kernels::Packed::q6k(&b)),
+            blocks => Storage::Candle(blocks),
         };
         Ok(Self {
-            blocks,
-            q4k_scales,
+            storage,
             rows,
             cols,
         })
@@ -127,7 +132,11 @@ impl QWeight {
 
     /// The quantization the matmul runs on (after any load-time conversion).
     pub fn dtype(&self) -> GgmlDType {
-        self.blocks.dtype()
+        match &self.storage {
+            Storage::Candle(b) => b.dtype(),
+            Storage::Packed(kernels::Packed::Q4K(_)) => GgmlDType::Q4K,
+            Storage::Packed(kernels::Packed::Q6K(_)) => GgmlDType::Q6K,
+        }
     }
 
     /// `dst[m, rows] = lhs[m, cols] x selfᵀ`; each output row depends only on its input row.
@@ -135,17 +144,17 @@ impl QWeight {
         let m = lhs.len() / self.cols;
         debug_assert_eq!(m * self.cols, lhs.len());
         let mkn = (m, self.cols, self.rows);
-        let fast = match &self.blocks {
-            Blocks::Q4K(b) => Some(kernels::Weights::Q4K(b, &self.q4k_scales)),
-            Blocks::Q6K(b) => Some(kernels::Weights::Q6K(b)),
-            Blocks::Q8_0(b) => Some(kernels::Weights::Q8_0(b)),
-            _ => None,
+        let fast = match &self.storage {
+            Storage::Packed(p) => Some(p.weights()),
+            Storage::Candle(Blocks::Q8_0(b)) => Some(kernels::Weights::Q8_0(b)),
+            Storage::Candle(_) => None,
         };
-        match fast {
-            Some(w) if kernels::available() && kernels::supports(&w, self.cols) => {
+        match (fast, &self.storage) {
+            (Some(w), _) if kernels::available() && kernels::supports(&w, self.cols) => {
                 kernels::matmul(w, mkn, lhs, dst)
             }
-            _ => self.blocks.matmul(mkn, lhs, dst)?,
+            (_, Storage::Candle(blocks)) => blocks.matmul(mkn, lhs, dst)?,
+            (_, Storage::Packed(_)) => unreachable!("weights are packed only where kernels run"),
         }
         Ok(())
     }
@@ -153,7 +162,10 @@ impl QWeight {
     /// Dequantizes row `row` (an embedding lookup, or a 1-D weight such as a norm).
     pub fn row(&self, row: usize, dst: &mut [f32]) {
         let per_row = self.cols / self.dtype().block_size();
-        self.blocks.dequantize_row(row, per_row, dst)
+        match &self.storage {
+            Storage::Candle(b) => b.dequantize_row(row, per_row, dst),
+            Storage::Packed(p) => p.to_float(row * per_row, &mut dst[..self.cols]),
+        }
     }
 
     /// The whole tensor as f32 (for small 1-D weights: norms, biases).
