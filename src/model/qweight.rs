@@ -43,10 +43,11 @@ macro_rules! block_kinds {
 }
 
 use k_quants::{
-    BlockQ2K, BlockQ3K, BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ5K, BlockQ5_1, BlockQ6K, BlockQ8_0,
+    BlockQ2K, BlockQ3K, BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ5K, BlockQ5_0, BlockQ5_1, BlockQ6K,
+    BlockQ8_0,
 };
 block_kinds! {
-    F32 => f32, F16 => f16, Q4_0 => BlockQ4_0, Q4_1 => BlockQ4_1, Q5_1 => BlockQ5_1,
+    F32 => f32, F16 => f16, Q4_0 => BlockQ4_0, Q4_1 => BlockQ4_1, Q5_0 => BlockQ5_0, Q5_1 => BlockQ5_1,
     Q8_0 => BlockQ8_0, Q2K => BlockQ2K, Q3K => BlockQ3K, Q4K => BlockQ4K, Q5K => BlockQ5K,
     Q6K => BlockQ6K,
 }
@@ -61,16 +62,17 @@ pub struct QWeight {
 enum Storage {
     /// As in the file (after any widening), multiplied by candle's `vec_dot`.
     Candle(Blocks),
-    /// Repacked for the fast kernels (Q4_K and Q6_K where the CPU runs them).
+    /// Repacked for the fast kernels (Q4_K, Q6_K, Q5_0 and Q8_0, where the CPU runs them).
     Packed(kernels::Packed),
 }
 
 impl QWeight {
     /// Reads tensor `name` described by `info` from a GGUF file.
     ///
-    /// Q5_0 is widened losslessly to Q8_0 at load time: a Q5_0 value is a 5-bit integer times
-    /// the block scale, which Q8_0 holds exactly with the same scale, and Q8_0 has SIMD dot
-    /// products where Q5_0 has only a scalar one (the 0.5B draft would be slower than the target).
+    /// Where the fast kernels run, Q4_K, Q6_K, Q5_0 and Q8_0 weights are repacked for them.
+    /// Elsewhere Q5_0 is widened losslessly to Q8_0: a Q5_0 value is a 5-bit integer times the
+    /// block scale, which Q8_0 holds exactly with the same scale, and candle's Q8_0 dot product
+    /// is SIMD where its Q5_0 one is scalar (the 0.5B draft would be slower than the target).
     pub fn read<R: Read + Seek>(
         reader: &mut R,
         data_offset: u64,
@@ -100,6 +102,7 @@ impl QWeight {
             GgmlDType::F16 => Blocks::F16(read_blocks(reader, n_blocks)?),
             GgmlDType::Q4_0 => Blocks::Q4_0(read_blocks(reader, n_blocks)?),
             GgmlDType::Q4_1 => Blocks::Q4_1(read_blocks(reader, n_blocks)?),
+            GgmlDType::Q5_0 if kernels::available() => Blocks::Q5_0(read_blocks(reader, n_blocks)?),
             GgmlDType::Q5_0 => Blocks::Q8_0(read_q5_0_as_q8_0(reader, n_blocks)?),
             GgmlDType::Q5_1 => Blocks::Q5_1(read_blocks(reader, n_blocks)?),
             GgmlDType::Q8_0 => Blocks::Q8_0(read_blocks(reader, n_blocks)?),
@@ -113,6 +116,10 @@ impl QWeight {
         let storage = match blocks {
             Blocks::Q4K(b) if kernels::available() => Storage::Packed(kernels::Packed::q4k(&b)),
             Blocks::Q6K(b) if kernels::available() => Storage::Packed(kernels::Packed::q6k(&b)),
+            Blocks::Q5_0(b) => Storage::Packed(kernels::Packed::q5_0(&b, cols)),
+            Blocks::Q8_0(b) if kernels::available() => {
+                Storage::Packed(kernels::Packed::q8_0(&b, cols))
+            }
             blocks => Storage::Candle(blocks),
         };
         Ok(Self {
@@ -134,8 +141,7 @@ impl QWeight {
     pub fn dtype(&self) -> GgmlDType {
         match &self.storage {
             Storage::Candle(b) => b.dtype(),
-            Storage::Packed(kernels::Packed::Q4K(_)) => GgmlDType::Q4K,
-            Storage::Packed(kernels::Packed::Q6K(_)) => GgmlDType::Q6K,
+            Storage::Packed(p) => p.dtype(),
         }
     }
 
@@ -144,27 +150,18 @@ impl QWeight {
         let m = lhs.len() / self.cols;
         debug_assert_eq!(m * self.cols, lhs.len());
         let mkn = (m, self.cols, self.rows);
-        let fast = match &self.storage {
-            Storage::Packed(p) => Some(p.weights()),
-            Storage::Candle(Blocks::Q8_0(b)) => Some(kernels::Weights::Q8_0(b)),
-            Storage::Candle(_) => None,
-        };
-        match (fast, &self.storage) {
-            (Some(w), _) if kernels::available() && kernels::supports(&w, self.cols) => {
-                kernels::matmul(w, mkn, lhs, dst)
-            }
-            (_, Storage::Candle(blocks)) => blocks.matmul(mkn, lhs, dst)?,
-            (_, Storage::Packed(_)) => unreachable!("weights are packed only where kernels run"),
+        match &self.storage {
+            Storage::Packed(p) => p.matmul(mkn, lhs, dst),
+            Storage::Candle(blocks) => blocks.matmul(mkn, lhs, dst)?,
         }
         Ok(())
     }
 
     /// Dequantizes row `row` (an embedding lookup, or a 1-D weight such as a norm).
     pub fn row(&self, row: usize, dst: &mut [f32]) {
-        let per_row = self.cols / self.dtype().block_size();
         match &self.storage {
-            Storage::Candle(b) => b.dequantize_row(row, per_row, dst),
-            Storage::Packed(p) => p.to_float(row * per_row, &mut dst[..self.cols]),
+            Storage::Candle(b) => b.dequantize_row(row, self.cols / self.dtype().block_size(), dst),
+            Storage::Packed(p) => p.dequantize_row(row, &mut dst[..self.cols]),
         }
     }
 
