@@ -393,8 +393,19 @@ pub fn summarize(
             } else {
                 k_of(&config)
             };
-            let mut accept = acceptance.clone();
-            accept.resize(k, 0.0);
+            // Theorem 4.1's a_i as "drafted and accepted, given every earlier one was": a
+            // drafter that sometimes drafts less (Max-Gram without a match) counts as rejected.
+            let accepted_at = |i: usize| -> usize {
+                rs.iter()
+                    .map(|r| r.accepted_at.get(i).copied().unwrap_or(0))
+                    .sum()
+            };
+            let accept: Vec<f64> = (0..k)
+                .map(|i| {
+                    let before = if i == 0 { calls } else { accepted_at(i - 1) };
+                    accepted_at(i) as f64 / before.max(1) as f64
+                })
+                .collect();
             let expected = theory::position_dependent_tokens(&accept);
             let drafted: usize = rs.iter().map(|r| r.drafted).sum();
             let mean_draft_len = drafted as f64 / calls.max(1) as f64;

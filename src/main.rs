@@ -1,8 +1,8 @@
 //! The `cascade` command line.
 
 use anyhow::{bail, Context, Result};
-use cascade::config::RawConfig;
-use cascade::engine::Generation;
+use cascade::config::{RawConfig, RawDrafter};
+use cascade::engine::{GenerateOptions, Generation};
 use clap::{Args, Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
 use std::io::{IsTerminal, Read, Write};
@@ -22,7 +22,8 @@ enum Command {
     Generate(GenerateArgs),
     /// Compare configs on a prompt suite against autoregressive decoding, in one process.
     Bench(BenchArgs),
-    /// Choose the draft length K from a bench report's measured acceptance and costs.
+    /// Choose the draft length K, or a horizontal cascade's schedule, from a bench report's
+    /// measured acceptance and costs.
     Plan(PlanArgs),
     /// Bigram tables for the statistical drafters (bigram, Max-Gram).
     Ngram {
@@ -150,6 +151,10 @@ struct GenerateArgs {
     /// Number of independent samples (seeds seed..seed+N-1).
     #[arg(long, default_value_t = 1)]
     num_samples: usize,
+    /// Then decode each sample again with the target alone (same options, same process) and
+    /// report the wall-clock speedup over autoregressive decoding.
+    #[arg(long)]
+    compare: bool,
 }
 
 fn main() {
@@ -244,6 +249,35 @@ fn generate(args: GenerateArgs) -> Result<()> {
         }
         samples.push((opts.seed, out));
     }
+    let mut comparisons = Vec::new();
+    if args.compare {
+        let drafter = engine.drafter.take();
+        for (seed, spec) in &samples {
+            let opts = GenerateOptions {
+                seed: *seed,
+                ..plan.options.clone()
+            };
+            let ar = engine.generate(&prompt, &opts, &mut |_| {})?;
+            let (ar_rate, rate) = (
+                ar.stats.decode_tokens_per_second(),
+                spec.stats.decode_tokens_per_second(),
+            );
+            let c = serde_json::json!({
+                "autoregressive_tokens_per_second": ar_rate,
+                "speedup": rate / ar_rate,
+                "same_tokens": ar.tokens == spec.tokens,
+            });
+            if !args.json {
+                eprintln!(
+                    "[seed {seed}: autoregressive {ar_rate:.2} tokens/s, speedup {:.2}x, same tokens: {}]",
+                    rate / ar_rate,
+                    ar.tokens == spec.tokens
+                );
+            }
+            comparisons.push(c);
+        }
+        engine.drafter = drafter;
+    }
     if let Some(table) = cascade::profile::report() {
         eprintln!("forward time by section (CASCADE_PROFILE=1):\n{table}");
     }
@@ -254,8 +288,11 @@ fn generate(args: GenerateArgs) -> Result<()> {
             "k": plan.options.k,
             "sampling": plan.options.sampling,
             "prompt_tokens": prompt,
-            "samples": samples.iter().map(|(seed, g)| {
+            "samples": samples.iter().enumerate().map(|(i, (seed, g))| {
                 let mut v = serde_json::to_value(g).unwrap();
+                if let Some(c) = comparisons.get(i) {
+                    v["compare"] = c.clone();
+                }
                 v["seed"] = (*seed).into();
                 v["stats"]["tokens_per_call"] = g.stats.tokens_per_call().into();
                 v["stats"]["decode_tokens_per_second"] = g.stats.decode_tokens_per_second().into();
@@ -476,13 +513,8 @@ fn plan(args: PlanArgs) -> Result<()> {
                 .find(|s| s["config"] == label.as_str() && s["category"] == "all")
         })
         .with_context(|| format!("the report has no results for config `{label}`"))?;
-    let accept: Vec<f64> = summary["acceptance_by_position"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(|v| v.as_f64())
-        .collect();
-    if accept.is_empty() {
+    let reviewed = summary["acceptance_by_position"].as_array();
+    if reviewed.is_none_or(|a| a.is_empty()) {
         bail!("config `{label}` drafted nothing in the report: nothing to plan from");
     }
     let verify: Vec<(usize, f64)> = serde_json::from_value(report["verify_cost"].clone())
@@ -503,18 +535,105 @@ fn plan(args: PlanArgs) -> Result<()> {
         .filter(|r| r["config"] == label.as_str())
         .collect();
     let drafted: f64 = runs.iter().filter_map(|r| r["drafted"].as_f64()).sum();
+    // Acceptance at position i as "drafted and accepted, given every earlier one was", so
+    // that drafts shorter than K (Max-Gram without a match) count as rejections.
+    let accepted_at = |i: usize| -> f64 {
+        let at = runs.iter().filter_map(|r| r["accepted_at"][i].as_f64());
+        at.sum::<f64>()
+    };
+    let rounds: f64 = runs.iter().filter_map(|r| r["target_calls"].as_f64()).sum();
+    let accept: Vec<f64> = (0..reviewed.map_or(0, |a| a.len()))
+        .map(|i| {
+            let before = if i == 0 { rounds } else { accepted_at(i - 1) };
+            accepted_at(i) / before.max(1.0)
+        })
+        .collect();
     let model_cost: f64 = runs
         .iter()
         .flat_map(|r| r["model_calls"].as_object().into_iter().flatten())
         .map(|(m, n)| n.as_f64().unwrap_or(0.0) * c_of(m))
         .sum();
+    let verify_at = |n: usize| cascade::bench::interpolate(&verify, n as f64);
+    let raw = RawConfig::load(&args.config)?;
+    if let Some(name) = raw.target.drafter.clone() {
+        if let Some(RawDrafter::Horizontal { schedule }) = raw.drafters.get(&name) {
+            // Each segment: its measured acceptance by position, and the cost of the models
+            // it runs per target call, spread over its positions.
+            let calls = |m: &str| -> f64 {
+                let n = runs.iter().filter_map(|r| r["model_calls"][m].as_f64());
+                n.sum::<f64>()
+            };
+            let mut offset = 0;
+            let segments: Vec<theory::Segment> = schedule
+                .iter()
+                .map(|(d, n)| {
+                    let models = raw.model_files(d);
+                    let users = |m: &String| {
+                        let uses = |(e, _): &&(String, usize)| raw.model_files(e).contains(m);
+                        schedule.iter().filter(uses).map(|(_, n)| *n).sum::<usize>()
+                    };
+                    // A model shared by segments is charged by their share of positions.
+                    let per_round: f64 = models
+                        .iter()
+                        .map(|m| calls(m) * c_of(m) * *n as f64 / users(m) as f64)
+                        .sum::<f64>()
+                        / rounds.max(1.0);
+                    let end = (offset + n).min(accept.len());
+                    let seg = theory::Segment {
+                        accept: accept[offset.min(end)..end].to_vec(),
+                        cost: per_round / *n as f64,
+                    };
+                    offset += n;
+                    seg
+                })
+                .collect();
+            let ranked = theory::plan_schedule(&segments, &verify_at, args.max_k);
+            let paper = theory::plan_schedule(&segments, &|_| 1.0, args.max_k);
+            let names: Vec<&str> = schedule.iter().map(|(d, _)| d.as_str()).collect();
+            let current: Vec<usize> = schedule.iter().map(|(_, n)| *n).collect();
+            let predicted = |list: &[(Vec<usize>, f64)], counts: &[usize]| {
+                list.iter().find(|(c, _)| c == counts).map_or(0.0, |x| x.1)
+            };
+            println!("config {label}: horizontal schedule over {names:?}");
+            for (d, s) in names.iter().zip(&segments) {
+                let a: Vec<f64> = s
+                    .accept
+                    .iter()
+                    .map(|a| (a * 100.0).round() / 100.0)
+                    .collect();
+                println!(
+                    "  {d}: acceptance by position {a:?}, {:.3} target calls per drafted token",
+                    s.cost
+                );
+            }
+            println!("| counts {names:?} | predicted speedup (verify = 1 call, the papers) | predicted speedup (measured r(K+1)) |\n|---|---|---|");
+            for (counts, p) in ranked.iter().take(8) {
+                println!("| {counts:?} | {:.2} | {p:.2} |", predicted(&paper, counts));
+            }
+            let (best, p) = &ranked[0];
+            println!(
+                "current {current:?}: predicted {:.2}x; best on this machine: {best:?} (predicted {p:.2}x{})",
+                predicted(&ranked, &current),
+                if *p < 1.0 { ", slower than autoregressive decoding" } else { "" }
+            );
+            if let Some(out) = args.write {
+                let mut doc: toml::Value = toml::from_str(&std::fs::read_to_string(&args.config)?)?;
+                let kept: Vec<toml::Value> = names
+                    .iter()
+                    .zip(best)
+                    .filter(|(_, n)| **n > 0)
+                    .map(|(d, n)| toml::Value::Array(vec![(*d).into(), (*n as i64).into()]))
+                    .collect();
+                doc["drafters"][name.as_str()]["schedule"] = toml::Value::Array(kept);
+                doc["target"]["k"] = toml::Value::Integer(best.iter().sum::<usize>() as i64);
+                std::fs::write(&out, toml::to_string(&doc)?)?;
+                println!("wrote {}", out.display());
+            }
+            return Ok(());
+        }
+    }
     let cost = model_cost / drafted.max(1.0);
-    let cpu = theory::plan_k(
-        &accept,
-        cost,
-        &|n| cascade::bench::interpolate(&verify, n as f64),
-        args.max_k,
-    );
+    let cpu = theory::plan_k(&accept, cost, &verify_at, args.max_k);
     let paper = theory::plan_k(&accept, cost, &|_| 1.0, args.max_k);
     println!("config {label}: acceptance by position {:?}, drafter cost {cost:.3} target calls per drafted token", accept.iter().map(|a| (a * 100.0).round() / 100.0).collect::<Vec<_>>());
     println!("| K | predicted speedup (verify = 1 call, the papers) | predicted speedup (measured r(K+1)) |\n|---|---|---|");

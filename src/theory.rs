@@ -87,12 +87,99 @@ pub fn plan_k(
         .collect()
 }
 
+/// One drafter of a horizontal schedule, for [`plan_schedule`]: its acceptance at each
+/// position of its segment (the last value extends to later positions) and its cost per
+/// drafted token in target calls.
+pub struct Segment {
+    pub accept: Vec<f64>,
+    pub cost: f64,
+}
+
+/// CS Drafting Theorem 4.1 over horizontal schedules: every split of at most `max_k` draft
+/// positions between `segments` (in their order; a count may be 0), with the predicted
+/// improvement `E[tokens per call] / (verify(K + 1) + sum of drafting costs)`, best first.
+pub fn plan_schedule(
+    segments: &[Segment],
+    verify: &dyn Fn(usize) -> f64,
+    max_k: usize,
+) -> Vec<(Vec<usize>, f64)> {
+    fn splits(n: usize, max: usize) -> Vec<Vec<usize>> {
+        if n == 0 {
+            return vec![vec![]];
+        }
+        (0..=max)
+            .flat_map(|c| {
+                splits(n - 1, max - c).into_iter().map(move |mut rest| {
+                    rest.insert(0, c);
+                    rest
+                })
+            })
+            .collect()
+    }
+    let mut out: Vec<(Vec<usize>, f64)> = splits(segments.len(), max_k)
+        .into_iter()
+        .filter(|counts| counts.iter().sum::<usize>() > 0)
+        .map(|counts| {
+            let (mut accept, mut cost) = (Vec::new(), 0.0);
+            for (s, &n) in segments.iter().zip(&counts) {
+                let at = |j: usize| s.accept.get(j).or(s.accept.last()).copied().unwrap_or(0.0);
+                accept.extend((0..n).map(at));
+                cost += n as f64 * s.cost;
+            }
+            let k = accept.len();
+            let predicted = position_dependent_tokens(&accept) / (verify(k + 1) + cost);
+            (counts, predicted)
+        })
+        .collect();
+    out.sort_by(|a, b| b.1.total_cmp(&a.1));
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn close(a: f64, b: f64) -> bool {
         (a - b).abs() < 1e-9 * b.abs().max(1.0)
+    }
+
+    #[test]
+    fn schedule_planning_with_one_drafter_is_k_planning() {
+        let accept = vec![0.8, 0.7, 0.6];
+        let verify = |k: usize| 1.0 + 0.1 * k as f64;
+        let seg = [Segment {
+            accept: accept.clone(),
+            cost: 0.2,
+        }];
+        let mut by_k = plan_schedule(&seg, &verify, 8);
+        by_k.sort_by_key(|(c, _)| c[0]);
+        for ((counts, s), (k, p)) in by_k.iter().zip(plan_k(&accept, 0.2, &verify, 8)) {
+            assert_eq!(counts[0], k);
+            assert!(close(*s, p));
+        }
+    }
+
+    #[test]
+    fn schedule_planning_puts_the_better_drafter_first_and_the_free_one_last() {
+        // A costly accurate drafter and a free weak one: the best split uses both, and its
+        // prediction is the closed form of Theorem 4.1 for that split.
+        let segs = [
+            Segment {
+                accept: vec![0.9],
+                cost: 0.3,
+            },
+            Segment {
+                accept: vec![0.3],
+                cost: 0.0,
+            },
+        ];
+        let verify = |_: usize| 1.0;
+        let best = &plan_schedule(&segs, &verify, 10)[0];
+        assert!(best.0[0] > 0 && best.0[1] > 0, "{best:?}");
+        let (n1, n2) = (best.0[0], best.0[1]);
+        let accept: Vec<f64> = (0..n1).map(|_| 0.9).chain((0..n2).map(|_| 0.3)).collect();
+        let cost = vec![0.3; n1];
+        assert!(close(best.1, ewif(&accept, &cost)));
     }
 
     #[test]

@@ -135,6 +135,29 @@ fn greedy_output_of_the_fast_kernels_equals_the_portable_path() {
 }
 
 #[test]
+fn compare_reports_the_speedup_over_autoregressive_decoding_of_the_same_prompt() {
+    let _s = serial();
+    let args = [
+        "generate",
+        "-c",
+        "configs/max-gram.toml",
+        "--no-chat",
+        "-n",
+        "12",
+        "--compare",
+        "--json",
+    ];
+    let (ok, out, err) = cascade(&args, Some("def add(a, b):\n    return a + b\n\ndef add("));
+    assert!(ok, "{err}");
+    let doc: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let c = &doc["samples"][0]["compare"];
+    // Greedy: speculative decoding must give the autoregressive tokens.
+    assert_eq!(c["same_tokens"], true, "{c}");
+    assert!(c["speedup"].as_f64().unwrap() > 0.0, "{c}");
+    assert!(c["autoregressive_tokens_per_second"].as_f64().unwrap() > 0.0);
+}
+
+#[test]
 fn streamed_text_equals_the_json_text() {
     let _s = serial();
     let args = [
@@ -310,4 +333,38 @@ fn a_small_bench_run_writes_a_complete_report() {
     }
     let svg = std::fs::read_to_string(out.path().join("speedup.svg")).unwrap();
     assert!(svg.starts_with("<svg") && svg.contains("max-gram"));
+}
+
+/// Schedule search for a horizontal cascade from the committed bench report: the written
+/// config keeps only drafters with positions, and the target's K is their sum.
+#[test]
+fn plan_searches_a_horizontal_schedule_and_writes_it() {
+    let out = tempfile::tempdir().unwrap();
+    let written = out.path().join("best.toml");
+    let (ok, stdout, err) = cascade(
+        &[
+            "plan",
+            "-r",
+            "docs/bench/report.json",
+            "-c",
+            "configs/cs-drafting.toml",
+            "--max-k",
+            "8",
+            "--write",
+            written.to_str().unwrap(),
+        ],
+        None,
+    );
+    assert!(ok, "{err}");
+    assert!(stdout.contains("best on this machine"), "{stdout}");
+    let doc: toml::Value = toml::from_str(&std::fs::read_to_string(&written).unwrap()).unwrap();
+    let schedule = doc["drafters"]["cascade"]["schedule"].as_array().unwrap();
+    assert!(!schedule.is_empty());
+    let counts: Vec<i64> = schedule
+        .iter()
+        .map(|e| e[1].as_integer().unwrap())
+        .collect();
+    assert!(counts.iter().all(|&n| n > 0), "{counts:?}");
+    assert_eq!(doc["target"]["k"].as_integer(), Some(counts.iter().sum()));
+    assert!(counts.iter().sum::<i64>() <= 8);
 }

@@ -1,15 +1,16 @@
-//! AVX-512 VNNI matmul kernels for Q4_K, Q6_K and Q8_0 weights.
+//! AVX-512 VNNI matmul kernels for the Q4_K, Q6_K, Q5_0 and Q8_0 weights of the GGUF models.
 //!
 //! A verify forward multiplies each weight matrix by k+1 activation rows. These kernels unpack
 //! every weight block once and then run it against all rows, so extra rows cost only their own
 //! multiply-adds, not another pass over the weights.
 //!
-//! To make that per-row work small, Q4_K and Q6_K weights are repacked at load time
-//! ([`Packed`]) into a layout the activations share: a 256-value block is four 64-byte vectors,
-//! and lane `l` (4 bytes) of vector `z` holds values `16l + 4z .. 16l + 4z + 4`. Each 32-bit
-//! lane then only ever sees values of one 16-value group, which share a scale (and a min), so
-//! an activation row costs four `vpdpbusd` (64 products each), one conversion and two fused
-//! multiply-adds per block: the scales apply per lane after the integer sums.
+//! To make that per-row work small, weights are repacked at load time ([`Packed`]) into a
+//! layout the activations share: 256 values are four 64-byte vectors, and lane `l` (4 bytes) of
+//! vector `z` holds values `16l + 4z .. 16l + 4z + 4`. Each 32-bit lane then only ever sees
+//! values of one 16-value group, which share a scale (and a min or offset), so an activation
+//! row costs four `vpdpbusd` (64 products each), one conversion and two fused multiply-adds per
+//! 256 values: the scales apply per lane after the integer sums. Q5_0 and Q8_0 (32-value
+//! blocks) are gathered eight blocks at a time; their rows are padded to 256 values.
 //!
 //! Row independence is by construction: for each (weight row, activation row) pair the
 //! arithmetic is the same sequence of operations whatever the number of rows (integer sums are
