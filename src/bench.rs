@@ -139,22 +139,38 @@ pub struct Report {
 /// Measured (k, r(k)) points: a target forward over k tokens relative to one token.
 pub type VerifyCost = Vec<(usize, f64)>;
 
-/// Median seconds of a forward over `k` tokens after a 64-token context.
-fn forward_seconds(model: &mut dyn Model, k: usize, reps: usize) -> Result<f64> {
+/// Median seconds of a forward over `k` new tokens of `models[i]` after a 64-token context,
+/// for every `(i, k)` of `runs`, interleaved repetition by repetition so that machine drift
+/// hits them alike.
+fn forward_seconds(
+    models: &mut [Box<dyn Model>],
+    runs: &[(usize, usize)],
+    reps: usize,
+) -> Result<Vec<f64>> {
     let ctx: Vec<u32> = (0..64).map(|i| 100 + i * 7).collect();
-    let feed: Vec<u32> = (0..k as u32).map(|i| 300 + i).collect();
-    model.truncate(0);
-    model.prefill(&ctx)?;
-    let mut times = Vec::with_capacity(reps);
-    for _ in 0..=reps {
-        let t = Instant::now();
-        model.forward(&feed)?;
-        times.push(t.elapsed().as_secs_f64());
-        model.truncate(ctx.len());
+    for model in models.iter_mut() {
+        model.truncate(0);
+        model.prefill(&ctx)?;
     }
-    times.remove(0); // warm-up
-    times.sort_by(f64::total_cmp);
-    Ok(times[times.len() / 2])
+    let mut times = vec![Vec::with_capacity(reps); runs.len()];
+    for rep in 0..=reps {
+        for (t, &(i, k)) in times.iter_mut().zip(runs) {
+            let feed: Vec<u32> = (0..k as u32).map(|i| 300 + i).collect();
+            let start = Instant::now();
+            models[i].forward(&feed)?;
+            if rep > 0 {
+                t.push(start.elapsed().as_secs_f64()); // the first round is a warm-up
+            }
+            models[i].truncate(ctx.len());
+        }
+    }
+    Ok(times
+        .into_iter()
+        .map(|mut t| {
+            t.sort_by(f64::total_cmp);
+            t[t.len() / 2]
+        })
+        .collect())
 }
 
 /// Measures r(k) for the target and the cost coefficient of every other model.
@@ -162,31 +178,39 @@ pub fn measure_costs(
     target: &LoadedModel,
     others: &[&LoadedModel],
 ) -> Result<(VerifyCost, Vec<ModelCost>)> {
-    let mut t = target.instance("target", None);
-    let t1 = forward_seconds(&mut t, 1, 8)?;
-    let mut verify = vec![(1, 1.0)];
-    for k in [2, 4, 8, 16] {
-        verify.push((k, forward_seconds(&mut t, k, 4)? / t1));
-    }
+    const KS: [usize; 5] = [1, 2, 4, 8, 16];
+    let mut models: Vec<Box<dyn Model>> = vec![Box::new(target.instance("target", None))];
+    models.extend(
+        others
+            .iter()
+            .map(|m| Box::new(m.instance("m", None)) as Box<dyn Model>),
+    );
+    // The target at every k, each other model at k = 1.
+    let runs: Vec<(usize, usize)> = KS
+        .iter()
+        .map(|&k| (0, k))
+        .chain((1..models.len()).map(|i| (i, 1)))
+        .collect();
+    let s = forward_seconds(&mut models, &runs, 8)?;
+    let verify = KS.iter().zip(&s).map(|(&k, t)| (k, t / s[0])).collect();
     let tp = target.weights.param_count() as f64;
-    let mut models = vec![ModelCost {
+    let mut costs = vec![ModelCost {
         model: file_label(&target.path),
         params: tp as usize,
-        decode_ms: t1 * 1e3,
+        decode_ms: s[0] * 1e3,
         c_measured: 1.0,
         c_params: 1.0,
     }];
-    for m in others {
-        let d = forward_seconds(&mut m.instance("m", None), 1, 8)?;
-        models.push(ModelCost {
+    for (m, d) in others.iter().zip(&s[KS.len()..]) {
+        costs.push(ModelCost {
             model: file_label(&m.path),
             params: m.weights.param_count(),
             decode_ms: d * 1e3,
-            c_measured: d / t1,
+            c_measured: d / s[0],
             c_params: m.weights.param_count() as f64 / tp,
         });
     }
-    Ok((verify, models))
+    Ok((verify, costs))
 }
 
 /// r(k) by linear interpolation of the measured points.

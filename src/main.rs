@@ -576,7 +576,7 @@ fn plan(args: PlanArgs) -> Result<()> {
                     let per_round: f64 = models
                         .iter()
                         .map(|m| calls(m) * c_of(m) * *n as f64 / users(m) as f64)
-                        .sum::<f64>()
+                        .fold(0.0, |a, b| a + b) // (an empty f64 sum is -0.0)
                         / rounds.max(1.0);
                     let end = (offset + n).min(accept.len());
                     let seg = theory::Segment {

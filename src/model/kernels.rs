@@ -463,24 +463,39 @@ trait Unpack {
     unsafe fn unpack(&self) -> ([__m512i; 4], __m512, __m512);
 }
 
+/// The low four bits of 256 values, stored as [`pack_nibbles`] does, as the four vectors.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2")]
+unsafe fn nibbles(qs: &[u8; 128]) -> [__m512i; 4] {
+    let m4 = _mm512_set1_epi8(0x0f);
+    let [lo, hi] = [0, 64].map(|o| _mm512_loadu_si512(qs.as_ptr().add(o) as *const _));
+    [
+        _mm512_and_si512(lo, m4),
+        _mm512_and_si512(_mm512_srli_epi16(lo, 4), m4),
+        _mm512_and_si512(hi, m4),
+        _mm512_and_si512(_mm512_srli_epi16(hi, 4), m4),
+    ]
+}
+
+/// Lane indices `l / 2`: one entry per 32 values spread over the two 16-value lanes.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2")]
+unsafe fn halves() -> __m512i {
+    _mm512_set_epi32(7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0)
+}
+
 #[cfg(target_arch = "x86_64")]
 impl Unpack for PackedQ4K {
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2")]
     unsafe fn unpack(&self) -> ([__m512i; 4], __m512, __m512) {
-        let m4 = _mm512_set1_epi8(0x0f);
-        let [lo, hi] = [0, 64].map(|o| _mm512_loadu_si512(self.qs.as_ptr().add(o) as *const _));
-        let w = [
-            _mm512_and_si512(lo, m4),
-            _mm512_and_si512(_mm512_srli_epi16(lo, 4), m4),
-            _mm512_and_si512(hi, m4),
-            _mm512_and_si512(_mm512_srli_epi16(hi, 4), m4),
-        ];
+        let w = nibbles(&self.qs);
         // Scales then mins, one per 32 values: lane l takes entry l / 2.
         let sm = _mm512_cvtepu8_epi32(_mm_loadu_si128(self.scales.as_ptr() as *const _));
         let pair = |first: i32| {
-            let idx = _mm512_set_epi32(7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0);
-            let idx = _mm512_add_epi32(idx, _mm512_set1_epi32(first));
+            let idx = _mm512_add_epi32(halves(), _mm512_set1_epi32(first));
             _mm512_cvtepi32_ps(_mm512_permutexvar_epi32(idx, sm))
         };
         let scale = _mm512_mul_ps(_mm512_set1_ps(f16_to_f32(self.d)), pair(0));
@@ -494,22 +509,16 @@ impl Unpack for PackedQ6K {
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2")]
     unsafe fn unpack(&self) -> ([__m512i; 4], __m512, __m512) {
-        let (m4, m30) = (_mm512_set1_epi8(0x0f), _mm512_set1_epi8(0x30));
-        let [lo, hi] = [0, 64].map(|o| _mm512_loadu_si512(self.ql.as_ptr().add(o) as *const _));
+        let (low, m30) = (nibbles(&self.ql), _mm512_set1_epi8(0x30));
+        // Bits 4-5 of vector z are bits 2z..2z + 2 of `qh`: move them to bits 4-5.
         let h = _mm512_loadu_si512(self.qh.as_ptr() as *const _);
-        let w = [
-            (_mm512_and_si512(lo, m4), _mm512_slli_epi16(h, 4)),
-            (
-                _mm512_and_si512(_mm512_srli_epi16(lo, 4), m4),
-                _mm512_slli_epi16(h, 2),
-            ),
-            (_mm512_and_si512(hi, m4), h),
-            (
-                _mm512_and_si512(_mm512_srli_epi16(hi, 4), m4),
-                _mm512_srli_epi16(h, 2),
-            ),
-        ]
-        .map(|(low, high)| _mm512_or_si512(low, _mm512_and_si512(high, m30)));
+        let high = [
+            _mm512_slli_epi16(h, 4),
+            _mm512_slli_epi16(h, 2),
+            h,
+            _mm512_srli_epi16(h, 2),
+        ];
+        let w = std::array::from_fn(|z| _mm512_or_si512(low[z], _mm512_and_si512(high[z], m30)));
         let sc = _mm512_cvtepi8_epi32(_mm_loadu_si128(self.scales.as_ptr() as *const _));
         let scale = _mm512_mul_ps(_mm512_set1_ps(f16_to_f32(self.d)), _mm512_cvtepi32_ps(sc));
         // Values are stored plus 32.
@@ -523,8 +532,7 @@ impl Unpack for PackedQ6K {
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2")]
 unsafe fn lane_scales(d: &[u16; 8]) -> __m512 {
     let d = _mm512_castps256_ps512(_mm256_cvtph_ps(_mm_loadu_si128(d.as_ptr() as *const _)));
-    let idx = _mm512_set_epi32(7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0);
-    _mm512_permutexvar_ps(idx, d)
+    _mm512_permutexvar_ps(halves(), d)
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -532,15 +540,7 @@ impl Unpack for PackedQ5_0 {
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2")]
     unsafe fn unpack(&self) -> ([__m512i; 4], __m512, __m512) {
-        let m4 = _mm512_set1_epi8(0x0f);
-        let [lo, hi] = [0, 64].map(|o| _mm512_loadu_si512(self.qs.as_ptr().add(o) as *const _));
-        let low = [
-            _mm512_and_si512(lo, m4),
-            _mm512_and_si512(_mm512_srli_epi16(lo, 4), m4),
-            _mm512_and_si512(hi, m4),
-            _mm512_and_si512(_mm512_srli_epi16(hi, 4), m4),
-        ];
-        let sixteen = _mm512_set1_epi8(16);
+        let (low, sixteen) = (nibbles(&self.qs), _mm512_set1_epi8(16));
         let w = std::array::from_fn(|z| _mm512_mask_add_epi8(low[z], self.qh[z], low[z], sixteen));
         let scale = lane_scales(&self.d);
         // Values are stored plus 16.
