@@ -231,7 +231,14 @@ pub fn interpolate(points: &[(usize, f64)], k: f64) -> f64 {
     b.1 + (b.1 - a.1) / (b.0 - a.0) as f64 * (k - b.0 as f64)
 }
 
-fn record(config: &str, p: &SuitePrompt, index: usize, repeat: usize, g: &Generation) -> RunRecord {
+/// The record of one generation (speedup 1 and no greedy check until compared).
+pub fn record(
+    config: &str,
+    p: &SuitePrompt,
+    index: usize,
+    repeat: usize,
+    g: &Generation,
+) -> RunRecord {
     let s = &g.stats;
     let mut model_calls = BTreeMap::new();
     if let Some(tree) = &g.drafter {

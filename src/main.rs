@@ -207,7 +207,8 @@ fn generate(args: GenerateArgs) -> Result<()> {
             .unwrap()
             .progress_chars("=> "),
     );
-    let mut engine = plan.build(&mut |what, done, total| {
+    let mut store = cascade::model::ModelStore::default();
+    let mut engine = plan.build_with(&mut store, &mut |what, done, total| {
         bar.set_message(format!("loading {what}"));
         bar.set_length(total as u64);
         bar.set_position(done as u64);
@@ -250,9 +251,19 @@ fn generate(args: GenerateArgs) -> Result<()> {
         samples.push((opts.seed, out));
     }
     let mut comparisons = Vec::new();
+    let mut costs = serde_json::Value::Null;
     if args.compare {
+        use cascade::bench;
+        let label = cascade::config::file_label(&args.config);
+        let label = label.trim_end_matches(".toml");
+        let suite_prompt = bench::SuitePrompt {
+            category: "prompt".into(),
+            prompt: text.clone(),
+            chat: plan.chat,
+        };
+        let mut records = Vec::new();
         let drafter = engine.drafter.take();
-        for (seed, spec) in &samples {
+        for (i, (seed, spec)) in samples.iter().enumerate() {
             let opts = GenerateOptions {
                 seed: *seed,
                 ..plan.options.clone()
@@ -267,6 +278,10 @@ fn generate(args: GenerateArgs) -> Result<()> {
                 "speedup": rate / ar_rate,
                 "same_tokens": ar.tokens == spec.tokens,
             });
+            let mut r = bench::record(label, &suite_prompt, 0, i, spec);
+            r.speedup = ar.stats.decode_seconds / spec.stats.decode_seconds.max(1e-9);
+            records.push(r);
+            records.push(bench::record("autoregressive", &suite_prompt, 0, i, &ar));
             if !args.json {
                 eprintln!(
                     "[seed {seed}: autoregressive {ar_rate:.2} tokens/s, speedup {:.2}x, same tokens: {}]",
@@ -277,6 +292,32 @@ fn generate(args: GenerateArgs) -> Result<()> {
             comparisons.push(c);
         }
         engine.drafter = drafter;
+        // Model costs (c, r(k)) measured now, and the bench's per-config figures from them.
+        let loaded: Vec<_> = store.loaded().cloned().collect();
+        let (target, others): (Vec<_>, Vec<_>) =
+            loaded.iter().partition(|m| m.path == plan.target.path);
+        let others: Vec<&cascade::model::LoadedModel> = others.iter().map(|m| m.as_ref()).collect();
+        let (verify, models) = bench::measure_costs(target[0], &others)?;
+        let k_of = |l: &str| if l == label { plan.options.k } else { 0 };
+        let summary = bench::summarize(&records, &models, &verify, &k_of);
+        let mine = summary
+            .iter()
+            .find(|s| s.config == label && s.category == "all");
+        if let (Some(s), false) = (mine, args.json) {
+            eprintln!(
+                "[SWI {:.2} (params) / {:.2} (measured c); predicted {:.2}x (verify = 1 call) / {:.2}x (measured r(k)); c: {}]",
+                s.swi_params,
+                s.swi_measured,
+                s.predicted_paper,
+                s.predicted_cpu,
+                models
+                    .iter()
+                    .map(|m| format!("{} {:.2}", m.model, m.c_measured))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            );
+        }
+        costs = serde_json::json!({ "models": models, "verify_cost": verify, "summary": mine });
     }
     if let Some(table) = cascade::profile::report() {
         eprintln!("forward time by section (CASCADE_PROFILE=1):\n{table}");
@@ -288,6 +329,7 @@ fn generate(args: GenerateArgs) -> Result<()> {
             "k": plan.options.k,
             "sampling": plan.options.sampling,
             "prompt_tokens": prompt,
+            "compare": costs,
             "samples": samples.iter().enumerate().map(|(i, (seed, g))| {
                 let mut v = serde_json::to_value(g).unwrap();
                 if let Some(c) = comparisons.get(i) {

@@ -155,6 +155,22 @@ fn compare_reports_the_speedup_over_autoregressive_decoding_of_the_same_prompt()
     assert_eq!(c["same_tokens"], true, "{c}");
     assert!(c["speedup"].as_f64().unwrap() > 0.0, "{c}");
     assert!(c["autoregressive_tokens_per_second"].as_f64().unwrap() > 0.0);
+    // Costs measured in the same process, and the bench's figures from them.
+    let costs = &doc["compare"];
+    assert_eq!(costs["models"][0]["c_measured"], 1.0, "{costs}");
+    assert!(costs["verify_cost"].as_array().unwrap().len() >= 4);
+    for key in [
+        "swi_params",
+        "swi_measured",
+        "predicted_paper",
+        "predicted_cpu",
+        "speedup_mean",
+    ] {
+        assert!(
+            costs["summary"][key].as_f64().is_some(),
+            "missing summary.{key}: {costs}"
+        );
+    }
 }
 
 #[test]
