@@ -536,8 +536,96 @@ fn bench(args: BenchArgs) -> Result<()> {
     Ok(())
 }
 
+/// What a bench report measured for one config: the figures `cascade plan` works from.
+struct Measured {
+    label: String,
+    /// Acceptance at position i as "drafted and accepted, given every earlier one was", so
+    /// that drafts shorter than K (Max-Gram without a match) count as rejections.
+    accept: Vec<f64>,
+    verify: Vec<(usize, f64)>,
+    models: Vec<serde_json::Value>,
+    runs: Vec<serde_json::Value>,
+    /// Target calls over the config's runs.
+    rounds: f64,
+}
+
+impl Measured {
+    fn from_report(report: &serde_json::Value, label: &str) -> Result<Self> {
+        let summary = report["summary"]
+            .as_array()
+            .and_then(|s| {
+                s.iter()
+                    .find(|s| s["config"] == label && s["category"] == "all")
+            })
+            .with_context(|| format!("the report has no results for config `{label}`"))?;
+        let positions = summary["acceptance_by_position"]
+            .as_array()
+            .map_or(0, |a| a.len());
+        if positions == 0 {
+            bail!("config `{label}` drafted nothing in the report: nothing to plan from");
+        }
+        let verify = serde_json::from_value(report["verify_cost"].clone())
+            .context("report lacks verify_cost")?;
+        let models = report["models"].as_array().context("report lacks models")?;
+        let runs: Vec<serde_json::Value> = report["runs"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|r| r["config"] == label)
+            .cloned()
+            .collect();
+        let total = |f: &dyn Fn(&serde_json::Value) -> Option<f64>| -> f64 {
+            runs.iter().filter_map(f).sum()
+        };
+        let rounds = total(&|r| r["target_calls"].as_f64());
+        let accepted_at = |i: usize| total(&|r| r["accepted_at"][i].as_f64());
+        let accept = (0..positions)
+            .map(|i| {
+                let before = if i == 0 { rounds } else { accepted_at(i - 1) };
+                accepted_at(i) / before.max(1.0)
+            })
+            .collect();
+        Ok(Self {
+            label: label.to_string(),
+            accept,
+            verify,
+            models: models.clone(),
+            runs,
+            rounds,
+        })
+    }
+
+    /// A model's measured cost relative to the target (0 for unknown names).
+    fn c(&self, model: &str) -> f64 {
+        let m = self.models.iter().find(|x| x["model"] == model);
+        m.and_then(|x| x["c_measured"].as_f64()).unwrap_or(0.0)
+    }
+
+    /// Forward passes of `model` over the config's runs.
+    fn calls(&self, model: &str) -> f64 {
+        let n = self.runs.iter().map(|r| r["model_calls"][model].as_f64());
+        n.map(|n| n.unwrap_or(0.0)).fold(0.0, |a, b| a + b) // (an empty f64 sum is -0.0)
+    }
+
+    /// The target's cost of verifying `n` tokens, in one-token forwards.
+    fn verify_cost(&self, n: usize) -> f64 {
+        cascade::bench::interpolate(&self.verify, n as f64)
+    }
+}
+
+fn rounded(v: &[f64]) -> Vec<f64> {
+    v.iter().map(|a| (a * 100.0).round() / 100.0).collect()
+}
+
+fn slower(p: f64) -> &'static str {
+    if p < 1.0 {
+        ", slower than autoregressive decoding"
+    } else {
+        ""
+    }
+}
+
 fn plan(args: PlanArgs) -> Result<()> {
-    use cascade::theory;
     let report: serde_json::Value = serde_json::from_str(
         &std::fs::read_to_string(&args.report)
             .with_context(|| format!("cannot read {}", args.report.display()))?,
@@ -548,161 +636,140 @@ fn plan(args: PlanArgs) -> Result<()> {
         .file_stem()
         .map(|s| s.to_string_lossy().into_owned())
         .unwrap_or_default();
-    let summary = report["summary"]
-        .as_array()
-        .and_then(|s| {
-            s.iter()
-                .find(|s| s["config"] == label.as_str() && s["category"] == "all")
-        })
-        .with_context(|| format!("the report has no results for config `{label}`"))?;
-    let reviewed = summary["acceptance_by_position"].as_array();
-    if reviewed.is_none_or(|a| a.is_empty()) {
-        bail!("config `{label}` drafted nothing in the report: nothing to plan from");
+    if args.max_k == 0 {
+        bail!("--max-k must be >= 1");
     }
-    let verify: Vec<(usize, f64)> = serde_json::from_value(report["verify_cost"].clone())
-        .context("report lacks verify_cost")?;
-    // Drafter cost per drafted token: model forward passes weighted by their measured c.
-    let models = report["models"].as_array().context("report lacks models")?;
-    let c_of = |m: &str| {
-        models
-            .iter()
-            .find(|x| x["model"] == m)
-            .and_then(|x| x["c_measured"].as_f64())
-            .unwrap_or(0.0)
-    };
-    let runs: Vec<&serde_json::Value> = report["runs"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter(|r| r["config"] == label.as_str())
-        .collect();
-    let drafted: f64 = runs.iter().filter_map(|r| r["drafted"].as_f64()).sum();
-    // Acceptance at position i as "drafted and accepted, given every earlier one was", so
-    // that drafts shorter than K (Max-Gram without a match) count as rejections.
-    let accepted_at = |i: usize| -> f64 {
-        let at = runs.iter().filter_map(|r| r["accepted_at"][i].as_f64());
-        at.sum::<f64>()
-    };
-    let rounds: f64 = runs.iter().filter_map(|r| r["target_calls"].as_f64()).sum();
-    let accept: Vec<f64> = (0..reviewed.map_or(0, |a| a.len()))
-        .map(|i| {
-            let before = if i == 0 { rounds } else { accepted_at(i - 1) };
-            accepted_at(i) / before.max(1.0)
-        })
-        .collect();
-    let model_cost: f64 = runs
-        .iter()
-        .flat_map(|r| r["model_calls"].as_object().into_iter().flatten())
-        .map(|(m, n)| n.as_f64().unwrap_or(0.0) * c_of(m))
-        .sum();
-    let verify_at = |n: usize| cascade::bench::interpolate(&verify, n as f64);
+    let measured = Measured::from_report(&report, &label)?;
     let raw = RawConfig::load(&args.config)?;
-    if let Some(name) = raw.target.drafter.clone() {
-        if let Some(RawDrafter::Horizontal { schedule }) = raw.drafters.get(&name) {
-            // Each segment: its measured acceptance by position, and the cost of the models
-            // it runs per target call, spread over its positions.
-            let calls = |m: &str| -> f64 {
-                let n = runs.iter().filter_map(|r| r["model_calls"][m].as_f64());
-                n.sum::<f64>()
-            };
-            let mut offset = 0;
-            let segments: Vec<theory::Segment> = schedule
+    let mut doc: toml::Value = toml::from_str(&std::fs::read_to_string(&args.config)?)?;
+    let horizontal = raw
+        .target
+        .drafter
+        .as_ref()
+        .and_then(|name| match raw.drafters.get(name) {
+            Some(RawDrafter::Horizontal { schedule }) => Some((name, schedule)),
+            _ => None,
+        });
+    match horizontal {
+        Some((name, schedule)) => {
+            let best = plan_schedule(&measured, &raw, schedule, args.max_k);
+            let kept: Vec<toml::Value> = schedule
                 .iter()
-                .map(|(d, n)| {
-                    let models = raw.model_files(d);
-                    let users = |m: &String| {
-                        let uses = |(e, _): &&(String, usize)| raw.model_files(e).contains(m);
-                        schedule.iter().filter(uses).map(|(_, n)| *n).sum::<usize>()
-                    };
-                    // A model shared by segments is charged by their share of positions.
-                    let per_round: f64 = models
-                        .iter()
-                        .map(|m| calls(m) * c_of(m) * *n as f64 / users(m) as f64)
-                        .fold(0.0, |a, b| a + b) // (an empty f64 sum is -0.0)
-                        / rounds.max(1.0);
-                    let end = (offset + n).min(accept.len());
-                    let seg = theory::Segment {
-                        accept: accept[offset.min(end)..end].to_vec(),
-                        cost: per_round / *n as f64,
-                    };
-                    offset += n;
-                    seg
-                })
+                .zip(&best)
+                .filter(|(_, n)| **n > 0)
+                .map(|((d, _), n)| toml::Value::Array(vec![d.as_str().into(), (*n as i64).into()]))
                 .collect();
-            let ranked = theory::plan_schedule(&segments, &verify_at, args.max_k);
-            let paper = theory::plan_schedule(&segments, &|_| 1.0, args.max_k);
-            let names: Vec<&str> = schedule.iter().map(|(d, _)| d.as_str()).collect();
-            let current: Vec<usize> = schedule.iter().map(|(_, n)| *n).collect();
-            let predicted = |list: &[(Vec<usize>, f64)], counts: &[usize]| {
-                list.iter().find(|(c, _)| c == counts).map_or(0.0, |x| x.1)
-            };
-            println!("config {label}: horizontal schedule over {names:?}");
-            for (d, s) in names.iter().zip(&segments) {
-                let a: Vec<f64> = s
-                    .accept
-                    .iter()
-                    .map(|a| (a * 100.0).round() / 100.0)
-                    .collect();
-                println!(
-                    "  {d}: acceptance by position {a:?}, {:.3} target calls per drafted token",
-                    s.cost
-                );
-            }
-            println!("| counts {names:?} | predicted speedup (verify = 1 call, the papers) | predicted speedup (measured r(K+1)) |\n|---|---|---|");
-            for (counts, p) in ranked.iter().take(8) {
-                println!("| {counts:?} | {:.2} | {p:.2} |", predicted(&paper, counts));
-            }
-            let (best, p) = &ranked[0];
-            println!(
-                "current {current:?}: predicted {:.2}x; best on this machine: {best:?} (predicted {p:.2}x{})",
-                predicted(&ranked, &current),
-                if *p < 1.0 { ", slower than autoregressive decoding" } else { "" }
-            );
-            if let Some(out) = args.write {
-                let mut doc: toml::Value = toml::from_str(&std::fs::read_to_string(&args.config)?)?;
-                let kept: Vec<toml::Value> = names
-                    .iter()
-                    .zip(best)
-                    .filter(|(_, n)| **n > 0)
-                    .map(|(d, n)| toml::Value::Array(vec![(*d).into(), (*n as i64).into()]))
-                    .collect();
-                doc["drafters"][name.as_str()]["schedule"] = toml::Value::Array(kept);
-                doc["target"]["k"] = toml::Value::Integer(best.iter().sum::<usize>() as i64);
-                std::fs::write(&out, toml::to_string(&doc)?)?;
-                println!("wrote {}", out.display());
-            }
-            return Ok(());
+            doc["drafters"][name.as_str()]["schedule"] = toml::Value::Array(kept);
+            doc["target"]["k"] = toml::Value::Integer(best.iter().sum::<usize>() as i64);
+        }
+        None => {
+            let best = plan_draft_length(&measured, args.max_k);
+            doc["target"]["k"] = toml::Value::Integer(best as i64);
         }
     }
-    let cost = model_cost / drafted.max(1.0);
-    let cpu = theory::plan_k(&accept, cost, &verify_at, args.max_k);
-    let paper = theory::plan_k(&accept, cost, &|_| 1.0, args.max_k);
-    println!("config {label}: acceptance by position {:?}, drafter cost {cost:.3} target calls per drafted token", accept.iter().map(|a| (a * 100.0).round() / 100.0).collect::<Vec<_>>());
-    println!("| K | predicted speedup (verify = 1 call, the papers) | predicted speedup (measured r(K+1)) |\n|---|---|---|");
-    for ((k, p), (_, c)) in paper.iter().zip(&cpu) {
-        println!("| {k} | {p:.2} | {c:.2} |");
-    }
-    let best = cpu
-        .iter()
-        .copied()
-        .fold((0, 0.0), |b, x| if x.1 > b.1 { x } else { b });
-    println!(
-        "best K on this machine: {} (predicted {:.2}x{})",
-        best.0,
-        best.1,
-        if best.1 < 1.0 {
-            ", slower than autoregressive decoding"
-        } else {
-            ""
-        }
-    );
     if let Some(out) = args.write {
-        let mut doc: toml::Value = toml::from_str(&std::fs::read_to_string(&args.config)?)?;
-        doc["target"]["k"] = toml::Value::Integer(best.0 as i64);
         std::fs::write(&out, toml::to_string(&doc)?)?;
         println!("wrote {}", out.display());
     }
     Ok(())
+}
+
+/// Leviathan section 3.5 with measured costs: prints the predicted speedup of each K and
+/// returns the best.
+fn plan_draft_length(m: &Measured, max_k: usize) -> usize {
+    use cascade::theory;
+    // Drafter cost per drafted token: model forward passes weighted by their measured c.
+    let drafted: f64 = m.runs.iter().filter_map(|r| r["drafted"].as_f64()).sum();
+    let model_cost: f64 = m
+        .runs
+        .iter()
+        .flat_map(|r| r["model_calls"].as_object().into_iter().flatten())
+        .map(|(model, n)| n.as_f64().unwrap_or(0.0) * m.c(model))
+        .sum();
+    let cost = model_cost / drafted.max(1.0);
+    let cpu = theory::plan_k(&m.accept, cost, &|n| m.verify_cost(n), max_k);
+    let paper = theory::plan_k(&m.accept, cost, &|_| 1.0, max_k);
+    println!(
+        "config {}: acceptance by position {:?}, drafter cost {cost:.3} target calls per drafted token",
+        m.label,
+        rounded(&m.accept)
+    );
+    println!("| K | predicted speedup (verify = 1 call, the papers) | predicted speedup (measured r(K+1)) |\n|---|---|---|");
+    for ((k, p), (_, c)) in paper.iter().zip(&cpu) {
+        println!("| {k} | {p:.2} | {c:.2} |");
+    }
+    let (k, p) = cpu
+        .iter()
+        .copied()
+        .fold((0, 0.0), |b, x| if x.1 > b.1 { x } else { b });
+    println!(
+        "best K on this machine: {k} (predicted {p:.2}x{})",
+        slower(p)
+    );
+    k
+}
+
+/// CS Drafting Theorem 4.1 over the splits of a horizontal schedule: prints the best ones and
+/// returns the best counts (one per scheduled drafter, possibly 0).
+fn plan_schedule(
+    m: &Measured,
+    raw: &RawConfig,
+    schedule: &[(String, usize)],
+    max_k: usize,
+) -> Vec<usize> {
+    use cascade::theory;
+    // Each segment: its measured acceptance by position, and the cost of the models it runs
+    // per target call spread over its positions (a model shared by segments is charged by
+    // their share of positions).
+    let users = |model: &String| -> usize {
+        let uses = |(d, _): &&(String, usize)| raw.model_files(d).contains(model);
+        schedule.iter().filter(uses).map(|(_, n)| *n).sum()
+    };
+    let mut offset = 0;
+    let segments: Vec<theory::Segment> = schedule
+        .iter()
+        .map(|(d, n)| {
+            let per_round = raw
+                .model_files(d)
+                .iter()
+                .map(|model| m.calls(model) * m.c(model) * *n as f64 / users(model) as f64)
+                .fold(0.0, |a, b| a + b)
+                / m.rounds.max(1.0);
+            let end = (offset + n).min(m.accept.len());
+            let segment = theory::Segment {
+                accept: m.accept[offset.min(end)..end].to_vec(),
+                cost: per_round / *n as f64,
+            };
+            offset += n;
+            segment
+        })
+        .collect();
+    let ranked = theory::plan_schedule(&segments, &|n| m.verify_cost(n), max_k);
+    let paper = theory::plan_schedule(&segments, &|_| 1.0, max_k);
+    let names: Vec<&str> = schedule.iter().map(|(d, _)| d.as_str()).collect();
+    let current: Vec<usize> = schedule.iter().map(|(_, n)| *n).collect();
+    let predicted = |list: &[(Vec<usize>, f64)], counts: &[usize]| {
+        list.iter().find(|(c, _)| c == counts).map_or(0.0, |x| x.1)
+    };
+    println!("config {}: horizontal schedule over {names:?}", m.label);
+    for (d, s) in names.iter().zip(&segments) {
+        println!(
+            "  {d}: acceptance by position {:?}, {:.3} target calls per drafted token",
+            rounded(&s.accept),
+            s.cost
+        );
+    }
+    println!("| counts {names:?} | predicted speedup (verify = 1 call, the papers) | predicted speedup (measured r(K+1)) |\n|---|---|---|");
+    for (counts, p) in ranked.iter().take(8) {
+        println!("| {counts:?} | {:.2} | {p:.2} |", predicted(&paper, counts));
+    }
+    let (best, p) = ranked[0].clone();
+    println!(
+        "current {current:?}: predicted {:.2}x; best on this machine: {best:?} (predicted {p:.2}x{})",
+        predicted(&ranked, &current),
+        slower(p)
+    );
+    best
 }
 
 fn ngram_build(args: BuildArgs) -> Result<()> {
