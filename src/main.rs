@@ -250,75 +250,22 @@ fn generate(args: GenerateArgs) -> Result<()> {
         }
         samples.push((opts.seed, out));
     }
-    let mut comparisons = Vec::new();
-    let mut costs = serde_json::Value::Null;
-    if args.compare {
-        use cascade::bench;
+    let (comparisons, costs) = if args.compare {
         let label = cascade::config::file_label(&args.config);
         let label = label.trim_end_matches(".toml");
-        let suite_prompt = bench::SuitePrompt {
-            category: "prompt".into(),
-            prompt: text.clone(),
-            chat: plan.chat,
-        };
-        let mut records = Vec::new();
-        let drafter = engine.drafter.take();
-        for (i, (seed, spec)) in samples.iter().enumerate() {
-            let opts = GenerateOptions {
-                seed: *seed,
-                ..plan.options.clone()
-            };
-            let ar = engine.generate(&prompt, &opts, &mut |_| {})?;
-            let (ar_rate, rate) = (
-                ar.stats.decode_tokens_per_second(),
-                spec.stats.decode_tokens_per_second(),
-            );
-            let c = serde_json::json!({
-                "autoregressive_tokens_per_second": ar_rate,
-                "speedup": rate / ar_rate,
-                "same_tokens": ar.tokens == spec.tokens,
-            });
-            let mut r = bench::record(label, &suite_prompt, 0, i, spec);
-            r.speedup = ar.stats.decode_seconds / spec.stats.decode_seconds.max(1e-9);
-            records.push(r);
-            records.push(bench::record("autoregressive", &suite_prompt, 0, i, &ar));
-            if !args.json {
-                eprintln!(
-                    "[seed {seed}: autoregressive {ar_rate:.2} tokens/s, speedup {:.2}x, same tokens: {}]",
-                    rate / ar_rate,
-                    ar.tokens == spec.tokens
-                );
-            }
-            comparisons.push(c);
-        }
-        engine.drafter = drafter;
-        // Model costs (c, r(k)) measured now, and the bench's per-config figures from them.
-        let loaded: Vec<_> = store.loaded().cloned().collect();
-        let (target, others): (Vec<_>, Vec<_>) =
-            loaded.iter().partition(|m| m.path == plan.target.path);
-        let others: Vec<&cascade::model::LoadedModel> = others.iter().map(|m| m.as_ref()).collect();
-        let (verify, models) = bench::measure_costs(target[0], &others)?;
-        let k_of = |l: &str| if l == label { plan.options.k } else { 0 };
-        let summary = bench::summarize(&records, &models, &verify, &k_of);
-        let mine = summary
-            .iter()
-            .find(|s| s.config == label && s.category == "all");
-        if let (Some(s), false) = (mine, args.json) {
-            eprintln!(
-                "[SWI {:.2} (params) / {:.2} (measured c); predicted {:.2}x (verify = 1 call) / {:.2}x (measured r(k)); c: {}]",
-                s.swi_params,
-                s.swi_measured,
-                s.predicted_paper,
-                s.predicted_cpu,
-                models
-                    .iter()
-                    .map(|m| format!("{} {:.2}", m.model, m.c_measured))
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            );
-        }
-        costs = serde_json::json!({ "models": models, "verify_cost": verify, "summary": mine });
-    }
+        let input = (text.as_str(), prompt.as_slice());
+        compare(
+            &mut engine,
+            &store,
+            &plan,
+            label,
+            input,
+            &samples,
+            !args.json,
+        )?
+    } else {
+        (Vec::new(), serde_json::Value::Null)
+    };
     if let Some(table) = cascade::profile::report() {
         eprintln!("forward time by section (CASCADE_PROFILE=1):\n{table}");
     }
@@ -345,6 +292,90 @@ fn generate(args: GenerateArgs) -> Result<()> {
         println!("{}", serde_json::to_string_pretty(&doc)?);
     }
     Ok(())
+}
+
+/// `generate --compare`: decodes each sample again with the target alone (same options), then
+/// measures the models' costs and summarizes the runs as the bench does. Returns one
+/// comparison per sample and the costs and summary.
+fn compare(
+    engine: &mut cascade::engine::Engine,
+    store: &cascade::model::ModelStore,
+    plan: &cascade::config::Plan,
+    label: &str,
+    (text, prompt): (&str, &[u32]),
+    samples: &[(u64, Generation)],
+    print: bool,
+) -> Result<(Vec<serde_json::Value>, serde_json::Value)> {
+    use cascade::bench;
+    let suite_prompt = bench::SuitePrompt {
+        category: "prompt".into(),
+        prompt: text.to_string(),
+        chat: plan.chat,
+    };
+    let (mut records, mut comparisons) = (Vec::new(), Vec::new());
+    let drafter = engine.drafter.take();
+    for (i, (seed, spec)) in samples.iter().enumerate() {
+        let opts = GenerateOptions {
+            seed: *seed,
+            ..plan.options.clone()
+        };
+        let ar = engine.generate(prompt, &opts, &mut |_| {});
+        let ar = match ar {
+            Ok(ar) => ar,
+            Err(e) => {
+                engine.drafter = drafter;
+                return Err(e.into());
+            }
+        };
+        let (ar_rate, rate) = (
+            ar.stats.decode_tokens_per_second(),
+            spec.stats.decode_tokens_per_second(),
+        );
+        let same = ar.tokens == spec.tokens;
+        if print {
+            eprintln!(
+                "[seed {seed}: autoregressive {ar_rate:.2} tokens/s, speedup {:.2}x, same tokens: {same}]",
+                rate / ar_rate
+            );
+        }
+        comparisons.push(serde_json::json!({
+            "autoregressive_tokens_per_second": ar_rate,
+            "speedup": rate / ar_rate,
+            "same_tokens": same,
+        }));
+        let mut r = bench::record(label, &suite_prompt, 0, i, spec);
+        r.speedup = ar.stats.decode_seconds / spec.stats.decode_seconds.max(1e-9);
+        records.push(r);
+        records.push(bench::record("autoregressive", &suite_prompt, 0, i, &ar));
+    }
+    engine.drafter = drafter;
+    // Model costs (c, r(k)) measured now, and the bench's per-config figures from them.
+    let loaded: Vec<_> = store.loaded().cloned().collect();
+    let (target, others): (Vec<_>, Vec<_>) =
+        loaded.iter().partition(|m| m.path == plan.target.path);
+    let others: Vec<&cascade::model::LoadedModel> = others.iter().map(|m| m.as_ref()).collect();
+    let (verify, models) = bench::measure_costs(target[0], &others)?;
+    let k_of = |l: &str| if l == label { plan.options.k } else { 0 };
+    let summary = bench::summarize(&records, &models, &verify, &k_of);
+    let mine = summary
+        .iter()
+        .find(|s| s.config == label && s.category == "all");
+    if let (Some(s), true) = (mine, print) {
+        let c: Vec<String> = models
+            .iter()
+            .map(|m| format!("{} {:.2}", m.model, m.c_measured))
+            .collect();
+        eprintln!(
+            "[SWI {:.2} (params) / {:.2} (measured c); predicted {:.2}x (verify = 1 call) / {:.2}x (measured r(k)); c: {}]",
+            s.swi_params,
+            s.swi_measured,
+            s.predicted_paper,
+            s.predicted_cpu,
+            c.join(", ")
+        );
+    }
+    let costs = serde_json::json!({ "models": models, "verify_cost": verify, "summary": mine });
+    Ok((comparisons, costs))
 }
 
 fn bench(args: BenchArgs) -> Result<()> {
