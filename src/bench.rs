@@ -3,7 +3,7 @@
 //! measured ones. The JSON report's fields are documented on the types below.
 
 use crate::config::{file_label, Plan};
-use crate::engine::{Engine, GenerateOptions, Generation};
+use crate::engine::{Engine, GenerateOptions, Generation, Stats};
 use crate::error::{Error, Result};
 use crate::model::{LoadedModel, Model, ModelStore};
 use crate::theory;
@@ -213,6 +213,23 @@ pub fn measure_costs(
     Ok((verify, costs))
 }
 
+/// [`measure_costs`] for the models of `store`, the one at `target` being the target.
+pub fn measure_store_costs(
+    store: &ModelStore,
+    target: &Path,
+) -> Result<(VerifyCost, Vec<ModelCost>)> {
+    let loaded: Vec<_> = store.loaded().collect();
+    let (t, others): (Vec<_>, Vec<_>) = loaded.into_iter().partition(|m| m.path == target);
+    let t = t.first().ok_or_else(|| {
+        Error::config(
+            target.display().to_string(),
+            "the target model was not loaded",
+        )
+    })?;
+    let others: Vec<&LoadedModel> = others.into_iter().map(|m| m.as_ref()).collect();
+    measure_costs(t, &others)
+}
+
 /// r(k) by linear interpolation of the measured points.
 pub fn interpolate(points: &[(usize, f64)], k: f64) -> f64 {
     let mut prev = points[0];
@@ -229,6 +246,25 @@ pub fn interpolate(points: &[(usize, f64)], k: f64) -> f64 {
     }
     let (a, b) = (points[points.len() - 2], points[points.len() - 1]);
     b.1 + (b.1 - a.1) / (b.0 - a.0) as f64 * (k - b.0 as f64)
+}
+
+/// Decode speed of `run` relative to `base` (tokens per second, so that runs of different
+/// lengths compare); 0 when either generated nothing.
+pub fn speedup(base: &Stats, run: &Stats) -> f64 {
+    let (b, r) = (
+        base.decode_tokens_per_second(),
+        run.decode_tokens_per_second(),
+    );
+    if b > 0.0 && r > 0.0 {
+        r / b
+    } else {
+        0.0
+    }
+}
+
+/// Options under which a run must reproduce the target's greedy tokens.
+pub fn exact_greedy(o: &GenerateOptions) -> bool {
+    o.sampling.is_greedy() && o.lenience == 1.0
 }
 
 /// The record of one generation (speedup 1 and no greedy check until compared).
@@ -279,6 +315,19 @@ pub fn run(
     let first = configs
         .first()
         .ok_or_else(|| Error::config("--configs", "no config to bench"))?;
+    // One autoregressive baseline serves every config: they must share its target.
+    if let Some(c) = configs.iter().find(|c| {
+        (&c.plan.target.path, &c.plan.target.tokenizer)
+            != (&first.plan.target.path, &first.plan.target.tokenizer)
+    }) {
+        return Err(Error::config(
+            &c.label,
+            format!(
+                "its target differs from `{}`'s; bench compares configs over one target",
+                first.label
+            ),
+        ));
+    }
     let mut baseline_plan = first.plan.clone();
     baseline_plan.drafter = None;
     let mut engines: Vec<(String, Engine, GenerateOptions)> = Vec::new();
@@ -336,10 +385,8 @@ pub fn run(
             for (j, out) in outputs.into_iter().enumerate().skip(1) {
                 let out = out.unwrap();
                 let mut r = record(&engines[j].0, p, i, repeat, &out);
-                r.speedup = base.stats.decode_seconds / out.stats.decode_seconds.max(1e-9)
-                    * out.stats.generated_tokens.max(1) as f64
-                    / base.stats.generated_tokens.max(1) as f64;
-                if engines[j].2.sampling.is_greedy() {
+                r.speedup = speedup(&base.stats, &out.stats);
+                if exact_greedy(&engines[0].2) && exact_greedy(&engines[j].2) {
                     r.matches_autoregressive = Some(out.tokens == base.tokens);
                 }
                 records.push(r);

@@ -327,34 +327,28 @@ fn compare(
                 return Err(e.into());
             }
         };
-        let (ar_rate, rate) = (
-            ar.stats.decode_tokens_per_second(),
-            spec.stats.decode_tokens_per_second(),
-        );
+        let ar_rate = ar.stats.decode_tokens_per_second();
+        let speedup = bench::speedup(&ar.stats, &spec.stats);
         let same = ar.tokens == spec.tokens;
         if print {
             eprintln!(
-                "[seed {seed}: autoregressive {ar_rate:.2} tokens/s, speedup {:.2}x, same tokens: {same}]",
-                rate / ar_rate
+                "[seed {seed}: autoregressive {ar_rate:.2} tokens/s, speedup {speedup:.2}x, same tokens: {same}]"
             );
         }
         comparisons.push(serde_json::json!({
             "autoregressive_tokens_per_second": ar_rate,
-            "speedup": rate / ar_rate,
+            "speedup": speedup,
             "same_tokens": same,
         }));
         let mut r = bench::record(label, &suite_prompt, 0, i, spec);
-        r.speedup = ar.stats.decode_seconds / spec.stats.decode_seconds.max(1e-9);
+        r.speedup = speedup;
+        r.matches_autoregressive = bench::exact_greedy(&plan.options).then_some(same);
         records.push(r);
         records.push(bench::record("autoregressive", &suite_prompt, 0, i, &ar));
     }
     engine.drafter = drafter;
     // Model costs (c, r(k)) measured now, and the bench's per-config figures from them.
-    let loaded: Vec<_> = store.loaded().cloned().collect();
-    let (target, others): (Vec<_>, Vec<_>) =
-        loaded.iter().partition(|m| m.path == plan.target.path);
-    let others: Vec<&cascade::model::LoadedModel> = others.iter().map(|m| m.as_ref()).collect();
-    let (verify, models) = bench::measure_costs(target[0], &others)?;
+    let (verify, models) = bench::measure_store_costs(store, &plan.target.path)?;
     let k_of = |l: &str| if l == label { plan.options.k } else { 0 };
     let summary = bench::summarize(&records, &models, &verify, &k_of);
     let mine = summary
@@ -440,18 +434,7 @@ fn bench(args: BenchArgs) -> Result<()> {
         bar.finish_and_clear();
         out
     };
-    let target_path = &configs[0].plan.target.path;
-    let loaded: Vec<_> = store.loaded().cloned().collect();
-    let target = loaded
-        .iter()
-        .find(|m| &m.path == target_path)
-        .expect("the target was loaded");
-    let others: Vec<&cascade::model::LoadedModel> = loaded
-        .iter()
-        .filter(|m| &m.path != target_path)
-        .map(|m| m.as_ref())
-        .collect();
-    let (verify_cost, models) = bench::measure_costs(target, &others)?;
+    let (verify_cost, models) = bench::measure_store_costs(&store, &configs[0].plan.target.path)?;
     let k_of = |label: &str| {
         configs
             .iter()
@@ -595,8 +578,12 @@ impl Measured {
         if positions == 0 {
             bail!("config `{label}` drafted nothing in the report: nothing to plan from");
         }
-        let verify = serde_json::from_value(report["verify_cost"].clone())
+        let verify: Vec<(usize, f64)> = serde_json::from_value(report["verify_cost"].clone())
             .context("report lacks verify_cost")?;
+        if verify.len() < 2 || verify[0] != (1, 1.0) || verify.windows(2).any(|w| w[0].0 >= w[1].0)
+        {
+            bail!("the report's verify_cost must be (1, 1.0) then points of increasing k");
+        }
         let models = report["models"].as_array().context("report lacks models")?;
         let runs: Vec<serde_json::Value> = report["runs"]
             .as_array()
@@ -681,8 +668,14 @@ fn plan(args: PlanArgs) -> Result<()> {
             Some(RawDrafter::Horizontal { schedule }) => Some((name, schedule)),
             _ => None,
         });
-    match horizontal {
+    let k = match horizontal {
         Some((name, schedule)) => {
+            if let Some((d, _)) = schedule.iter().find(|(_, n)| *n == 0) {
+                bail!(
+                    "{}: `{d}` has 0 positions in the schedule of `{name}`",
+                    args.config.display()
+                );
+            }
             let best = plan_schedule(&measured, &raw, schedule, args.max_k);
             let kept: Vec<toml::Value> = schedule
                 .iter()
@@ -690,14 +683,21 @@ fn plan(args: PlanArgs) -> Result<()> {
                 .filter(|(_, n)| **n > 0)
                 .map(|((d, _), n)| toml::Value::Array(vec![d.as_str().into(), (*n as i64).into()]))
                 .collect();
-            doc["drafters"][name.as_str()]["schedule"] = toml::Value::Array(kept);
-            doc["target"]["k"] = toml::Value::Integer(best.iter().sum::<usize>() as i64);
+            let drafter = doc
+                .get_mut("drafters")
+                .and_then(|d| d.get_mut(name.as_str()));
+            let drafter = drafter.and_then(|d| d.as_table_mut());
+            drafter
+                .context("the config's schedule is not a [drafters.<name>] table")?
+                .insert("schedule".into(), toml::Value::Array(kept));
+            best.iter().sum::<usize>()
         }
-        None => {
-            let best = plan_draft_length(&measured, args.max_k);
-            doc["target"]["k"] = toml::Value::Integer(best as i64);
-        }
-    }
+        None => plan_draft_length(&measured, args.max_k),
+    };
+    doc.get_mut("target")
+        .and_then(|t| t.as_table_mut())
+        .context("the config has no [target] table")?
+        .insert("k".into(), toml::Value::Integer(k as i64));
     if let Some(out) = args.write {
         std::fs::write(&out, toml::to_string(&doc)?)?;
         println!("wrote {}", out.display());
@@ -711,12 +711,12 @@ fn plan_draft_length(m: &Measured, max_k: usize) -> usize {
     use cascade::theory;
     // Drafter cost per drafted token: model forward passes weighted by their measured c.
     let drafted: f64 = m.runs.iter().filter_map(|r| r["drafted"].as_f64()).sum();
-    let model_cost: f64 = m
+    let model_cost = m
         .runs
         .iter()
         .flat_map(|r| r["model_calls"].as_object().into_iter().flatten())
         .map(|(model, n)| n.as_f64().unwrap_or(0.0) * m.c(model))
-        .sum();
+        .fold(0.0, |a, b| a + b); // (an empty f64 sum is -0.0)
     let cost = model_cost / drafted.max(1.0);
     let cpu = theory::plan_k(&m.accept, cost, &|n| m.verify_cost(n), max_k);
     let paper = theory::plan_k(&m.accept, cost, &|_| 1.0, max_k);
@@ -775,13 +775,11 @@ fn plan_schedule(
             segment
         })
         .collect();
-    let ranked = theory::plan_schedule(&segments, &|n| m.verify_cost(n), max_k);
-    let paper = theory::plan_schedule(&segments, &|_| 1.0, max_k);
+    let verify = |n: usize| m.verify_cost(n);
+    let ranked = theory::plan_schedule(&segments, &verify, max_k);
+    let paper = |counts: &[usize]| theory::schedule_improvement(&segments, counts, &|_| 1.0);
     let names: Vec<&str> = schedule.iter().map(|(d, _)| d.as_str()).collect();
     let current: Vec<usize> = schedule.iter().map(|(_, n)| *n).collect();
-    let predicted = |list: &[(Vec<usize>, f64)], counts: &[usize]| {
-        list.iter().find(|(c, _)| c == counts).map_or(0.0, |x| x.1)
-    };
     println!("config {}: horizontal schedule over {names:?}", m.label);
     for (d, s) in names.iter().zip(&segments) {
         println!(
@@ -792,12 +790,12 @@ fn plan_schedule(
     }
     println!("| counts {names:?} | predicted speedup (verify = 1 call, the papers) | predicted speedup (measured r(K+1)) |\n|---|---|---|");
     for (counts, p) in ranked.iter().take(8) {
-        println!("| {counts:?} | {:.2} | {p:.2} |", predicted(&paper, counts));
+        println!("| {counts:?} | {:.2} | {p:.2} |", paper(counts));
     }
     let (best, p) = ranked[0].clone();
     println!(
         "current {current:?}: predicted {:.2}x; best on this machine: {best:?} (predicted {p:.2}x{})",
-        predicted(&ranked, &current),
+        theory::schedule_improvement(&segments, &current, &verify),
         slower(p)
     );
     best

@@ -120,19 +120,28 @@ pub fn plan_schedule(
         .into_iter()
         .filter(|counts| counts.iter().sum::<usize>() > 0)
         .map(|counts| {
-            let (mut accept, mut cost) = (Vec::new(), 0.0);
-            for (s, &n) in segments.iter().zip(&counts) {
-                let at = |j: usize| s.accept.get(j).or(s.accept.last()).copied().unwrap_or(0.0);
-                accept.extend((0..n).map(at));
-                cost += n as f64 * s.cost;
-            }
-            let k = accept.len();
-            let predicted = position_dependent_tokens(&accept) / (verify(k + 1) + cost);
+            let predicted = schedule_improvement(segments, &counts, verify);
             (counts, predicted)
         })
         .collect();
     out.sort_by(|a, b| b.1.total_cmp(&a.1));
     out
+}
+
+/// The improvement [`plan_schedule`] predicts for one split: `counts[i]` positions from
+/// `segments[i]`.
+pub fn schedule_improvement(
+    segments: &[Segment],
+    counts: &[usize],
+    verify: &dyn Fn(usize) -> f64,
+) -> f64 {
+    let (mut accept, mut cost) = (Vec::new(), 0.0);
+    for (s, &n) in segments.iter().zip(counts) {
+        let at = |j: usize| s.accept.get(j).or(s.accept.last()).copied().unwrap_or(0.0);
+        accept.extend((0..n).map(at));
+        cost += n as f64 * s.cost;
+    }
+    position_dependent_tokens(&accept) / (verify(accept.len() + 1) + cost)
 }
 
 #[cfg(test)]

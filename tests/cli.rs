@@ -217,6 +217,62 @@ fn errors_are_reported_without_a_panic() {
     );
     assert!(!ok);
     assert_eq!(err.trim(), "cascade: sampling: invalid sampling setting: temperature must be a finite number >= 0, got -1");
+    // Planning a schedule with an empty segment, and with no usable verify cost.
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("cs-drafting.toml");
+    let text = std::fs::read_to_string("configs/cs-drafting.toml").unwrap();
+    std::fs::write(&config, text.replace(r#"["mag", 3]"#, r#"["mag", 0]"#)).unwrap();
+    let config = config.to_str().unwrap();
+    let (ok, _, err) = cascade(
+        &["plan", "-r", "docs/bench/report.json", "-c", config],
+        None,
+    );
+    assert!(!ok);
+    assert_eq!(
+        err.trim(),
+        format!("cascade: {config}: `mag` has 0 positions in the schedule of `cascade`")
+    );
+    // Bench compares configs over one target.
+    let other = dir.path().join("other.toml");
+    let smol = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("models/smollm2-135m-instruct-q4_1.gguf");
+    std::fs::write(
+        &other,
+        format!("[target]\nmodel = {:?}\n", smol.display().to_string()),
+    )
+    .unwrap();
+    let args = [
+        "bench",
+        "-c",
+        "configs/max-gram.toml",
+        other.to_str().unwrap(),
+        "--out",
+        dir.path().to_str().unwrap(),
+    ];
+    let (ok, _, err) = cascade(&args, None);
+    assert!(!ok);
+    assert_eq!(
+        err.trim().lines().last().unwrap(),
+        "cascade: other: its target differs from `max-gram`'s; bench compares configs over one target"
+    );
+    let report = dir.path().join("report.json");
+    let mut doc: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string("docs/bench/report.json").unwrap()).unwrap();
+    doc["verify_cost"] = serde_json::json!([[1, 1.0]]);
+    std::fs::write(&report, doc.to_string()).unwrap();
+    let args = [
+        "plan",
+        "-r",
+        report.to_str().unwrap(),
+        "-c",
+        "configs/speculative.toml",
+    ];
+    let (ok, _, err) = cascade(&args, None);
+    assert!(!ok);
+    assert_eq!(
+        err.trim(),
+        "cascade: the report's verify_cost must be (1, 1.0) then points of increasing k"
+    );
 }
 
 #[test]

@@ -311,11 +311,10 @@ impl Packed {
 
     /// Rows of `cols` values (a multiple of 32).
     pub fn q5_0(blocks: &[BlockQ5_0], cols: usize) -> Self {
-        // The value 8 - 16 everywhere, times a zero scale.
         let zero = Q5_0 {
             d: 0,
             qh: [0; 4],
-            qs: [0x88; 16],
+            qs: [0; 16],
         };
         Self::Q5_0(pack_groups(view(blocks), cols, &zero, PackedQ5_0::new))
     }
@@ -400,6 +399,7 @@ fn packed_matmul<B: Unpack + Sync>(
 /// 256 activations quantized to 8 bits with one scale (as candle's Q8_K, up to the sign
 /// convention and rounding ties), in the kernel layout, with the sum of each 16-value group
 /// times the scale (for the mins and offsets).
+#[cfg(target_arch = "x86_64")]
 #[repr(C, align(64))]
 struct ActBlock {
     qs: [i8; QK],
@@ -407,6 +407,7 @@ struct ActBlock {
     d: f32,
 }
 
+#[cfg(target_arch = "x86_64")]
 impl ActBlock {
     /// Quantizes `m` rows of `k` values, block by block (a row's last block padded with zeros,
     /// as the weights are).
@@ -423,7 +424,6 @@ impl ActBlock {
         out
     }
 
-    #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2")]
     unsafe fn quantize_block(x: &[f32]) -> ActBlock {
         let p = x.as_ptr();

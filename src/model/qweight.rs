@@ -3,9 +3,9 @@
 //! A forward over k tokens must give, bit for bit, the logits of k one-token forwards: greedy
 //! speculative decoding then equals greedy autoregressive decoding by construction, not by
 //! luck with near-ties. Both kernels keep that property:
-//! - [`kernels`](super::kernels) (Q4_K, Q6_K, Q8_0 on CPUs with AVX-512 VNNI; Q4_K and Q6_K
-//!   repacked at load time) unpack each weight block once for all activation rows, which is
-//!   what makes verifying k draft tokens cheaper than k decode steps;
+//! - [`kernels`](super::kernels) (Q4_K, Q6_K, Q5_0, Q8_0 repacked at load time, on CPUs with
+//!   AVX-512 VNNI) unpack each weight block once for all activation rows, which is what makes
+//!   verifying k draft tokens cheaper than k decode steps;
 //! - otherwise candle's `vec_dot`: every output element is one dot product of a weight row
 //!   with one quantized activation row, the same function whatever the number of rows.
 
@@ -102,8 +102,7 @@ impl QWeight {
             GgmlDType::F16 => Blocks::F16(read_blocks(reader, n_blocks)?),
             GgmlDType::Q4_0 => Blocks::Q4_0(read_blocks(reader, n_blocks)?),
             GgmlDType::Q4_1 => Blocks::Q4_1(read_blocks(reader, n_blocks)?),
-            GgmlDType::Q5_0 if kernels::available() => Blocks::Q5_0(read_blocks(reader, n_blocks)?),
-            GgmlDType::Q5_0 => Blocks::Q8_0(read_q5_0_as_q8_0(reader, n_blocks)?),
+            GgmlDType::Q5_0 => Blocks::Q5_0(read_blocks(reader, n_blocks)?),
             GgmlDType::Q5_1 => Blocks::Q5_1(read_blocks(reader, n_blocks)?),
             GgmlDType::Q8_0 => Blocks::Q8_0(read_blocks(reader, n_blocks)?),
             GgmlDType::Q2K => Blocks::Q2K(read_blocks(reader, n_blocks)?),
@@ -113,13 +112,13 @@ impl QWeight {
             GgmlDType::Q6K => Blocks::Q6K(read_blocks(reader, n_blocks)?),
             other => return Err(bad(format!("tensor {name}: unsupported type {other:?}"))),
         };
+        let fast = kernels::available();
         let storage = match blocks {
-            Blocks::Q4K(b) if kernels::available() => Storage::Packed(kernels::Packed::q4k(&b)),
-            Blocks::Q6K(b) if kernels::available() => Storage::Packed(kernels::Packed::q6k(&b)),
-            Blocks::Q5_0(b) => Storage::Packed(kernels::Packed::q5_0(&b, cols)),
-            Blocks::Q8_0(b) if kernels::available() => {
-                Storage::Packed(kernels::Packed::q8_0(&b, cols))
-            }
+            Blocks::Q4K(b) if fast => Storage::Packed(kernels::Packed::q4k(&b)),
+            Blocks::Q6K(b) if fast => Storage::Packed(kernels::Packed::q6k(&b)),
+            Blocks::Q5_0(b) if fast => Storage::Packed(kernels::Packed::q5_0(&b, cols)),
+            Blocks::Q8_0(b) if fast => Storage::Packed(kernels::Packed::q8_0(&b, cols)),
+            Blocks::Q5_0(b) => Storage::Candle(Blocks::Q8_0(widen_q5_0(&b))),
             blocks => Storage::Candle(blocks),
         };
         Ok(Self {
@@ -210,12 +209,14 @@ fn q5_0_to_q8_0(src: &[u8; Q5_0_BYTES], dst: &mut [u8; Q8_0_BYTES]) {
     }
 }
 
-fn read_q5_0_as_q8_0<R: Read>(reader: &mut R, n: usize) -> Result<Vec<BlockQ8_0>> {
+/// The Q8_0 blocks holding exactly the values of `blocks`.
+fn widen_q5_0(blocks: &[BlockQ5_0]) -> Vec<BlockQ8_0> {
+    debug_assert_eq!(std::mem::size_of::<BlockQ5_0>(), Q5_0_BYTES);
     debug_assert_eq!(std::mem::size_of::<BlockQ8_0>(), Q8_0_BYTES);
-    let mut src = vec![0u8; n * Q5_0_BYTES];
-    reader.read_exact(&mut src)?;
+    let n = blocks.len();
     let mut v: Vec<BlockQ8_0> = vec![BlockQ8_0::zeros(); n];
-    // SAFETY: BlockQ8_0 is repr(C) { f16, [i8; 32] }, 34 bytes, any bit pattern valid.
+    // SAFETY: both are repr(C) blocks of bytes and f16s, any bit pattern valid.
+    let src = unsafe { std::slice::from_raw_parts(blocks.as_ptr() as *const u8, n * Q5_0_BYTES) };
     let dst = unsafe { std::slice::from_raw_parts_mut(v.as_mut_ptr() as *mut u8, n * Q8_0_BYTES) };
     for (s, d) in src
         .chunks_exact(Q5_0_BYTES)
@@ -223,13 +224,12 @@ fn read_q5_0_as_q8_0<R: Read>(reader: &mut R, n: usize) -> Result<Vec<BlockQ8_0>
     {
         q5_0_to_q8_0(s.try_into().unwrap(), d.try_into().unwrap());
     }
-    Ok(v)
+    v
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use candle_core::quantized::k_quants::BlockQ5_0;
 
     #[test]
     fn q5_0_widening_is_lossless() {
@@ -246,7 +246,7 @@ mod tests {
             block[..2].copy_from_slice(&f16::from_f32(0.0123).to_le_bytes());
         }
         let q5: Vec<BlockQ5_0> = read_blocks(&mut raw.as_slice(), 64).unwrap();
-        let q8 = read_q5_0_as_q8_0(&mut raw.as_slice(), 64).unwrap();
+        let q8 = widen_q5_0(&q5);
         let (mut a, mut b) = (vec![0f32; 64 * 32], vec![0f32; 64 * 32]);
         BlockQ5_0::to_float(&q5, &mut a);
         BlockQ8_0::to_float(&q8, &mut b);
