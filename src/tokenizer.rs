@@ -26,8 +26,14 @@ impl Tokenizer {
         let inner = match tokenizer_json {
             Some(p) => tokenizers::Tokenizer::from_file(p)
                 .map_err(|e| Error::Tokenizer(format!("{}: {e}", p.display())))?,
-            None => tokenizers::Tokenizer::from_gguf(&gguf.content)
-                .map_err(|e| Error::Tokenizer(format!("{}: {e}", gguf.path.display())))?,
+            None => tokenizers::Tokenizer::from_gguf(&gguf.content).map_err(|e| {
+                // The message only: candle appends a backtrace when RUST_BACKTRACE is set.
+                let e = match e {
+                    candle_core::Error::WithBacktrace { inner, .. } => *inner,
+                    e => e,
+                };
+                Error::Tokenizer(format!("{}: {e}", gguf.path.display()))
+            })?,
         };
         let token_id = |key: &str| gguf.usize(key).ok().map(|v| v as u32);
         let mut eos: Vec<u32> = token_id("tokenizer.ggml.eos_token_id")

@@ -166,6 +166,51 @@ fn truncated_gguf() {
 }
 
 #[test]
+fn unsupported_architecture_is_named_before_the_tokenizer_loads() {
+    let mut src = std::fs::read(models_dir().join(SMOLLM2)).unwrap();
+    // general.architecture: key, u32 type 8 (string), u64 length 5, "llama" -> "gemma".
+    let key = b"general.architecture";
+    let at = src.windows(key.len()).position(|w| w == key).unwrap() + key.len() + 12;
+    assert_eq!(&src[at..at + 5], b"llama");
+    src[at..at + 5].copy_from_slice(b"gemma");
+    // An unknown tokenizer too (Gemma's `llama` tokenizer is one candle cannot build): the
+    // architecture is the error to report.
+    let key = b"tokenizer.ggml.model";
+    let at = src.windows(key.len()).position(|w| w == key).unwrap() + key.len() + 12;
+    assert_eq!(&src[at..at + 4], b"gpt2");
+    src[at..at + 4].copy_from_slice(b"none");
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("gemma.gguf");
+    std::fs::write(&path, &src).unwrap();
+    let e = LoadedModel::load(&path, None, &mut |_, _| {})
+        .err()
+        .unwrap()
+        .to_string();
+    assert_eq!(
+        e,
+        format!(
+            "unsupported model architecture `gemma` in {} (supported: qwen2, llama)",
+            path.display()
+        )
+    );
+    // With a known architecture, the tokenizer's error, as one line (no backtrace).
+    let arch = src.windows(5).position(|w| w == b"gemma").unwrap();
+    src[arch..arch + 5].copy_from_slice(b"llama");
+    std::fs::write(&path, &src).unwrap();
+    let e = LoadedModel::load(&path, None, &mut |_, _| {})
+        .err()
+        .unwrap()
+        .to_string();
+    assert_eq!(
+        e,
+        format!(
+            "cannot load tokenizer: {}: unsupported tokenizer model `none`",
+            path.display()
+        )
+    );
+}
+
+#[test]
 fn vocabulary_mismatch_is_refused_at_load_time() {
     let _s = serial();
     let toml = format!("{TARGET_ONLY}drafter = \"smol\"\n[drafters.smol]\nkind = \"model\"\nmodel = \"{SMOLLM2}\"\n");

@@ -93,6 +93,7 @@ impl LoadedModel {
         progress: &mut dyn FnMut(usize, usize),
     ) -> Result<Self> {
         let mut file = gguf::GgufFile::open(path)?;
+        transformer::Config::from_gguf(&file)?; // an unsupported architecture fails first
         let tokenizer = Tokenizer::load(&file, tokenizer_json)?;
         let weights = Arc::new(Weights::load(&mut file, progress)?);
         Ok(Self {

@@ -37,7 +37,8 @@ pub struct Config {
 }
 
 impl Config {
-    fn from_gguf(f: &GgufFile) -> Result<Self> {
+    /// Reads the hyperparameters; fails on architectures this transformer does not implement.
+    pub fn from_gguf(f: &GgufFile) -> Result<Self> {
         let arch = f.string("general.architecture")?;
         let rope_style = match arch.as_str() {
             "qwen2" => RopeStyle::Halves,
