@@ -6,6 +6,7 @@ use crate::config::{file_label, Plan};
 use crate::engine::{Engine, GenerateOptions, Generation, Stats};
 use crate::error::{Error, Result};
 use crate::model::{LoadedModel, Model, ModelStore};
+use crate::review::ReviewCounts;
 use crate::theory;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -48,7 +49,7 @@ pub struct BenchConfig {
     pub plan: Plan,
 }
 
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct BenchOptions {
     pub max_new_tokens: usize,
     /// Timed passes over the suite.
@@ -58,7 +59,7 @@ pub struct BenchOptions {
 }
 
 /// One generation (JSON `runs[]`).
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct RunRecord {
     /// Config label; `autoregressive` for the baseline.
     pub config: String,
@@ -75,21 +76,40 @@ pub struct RunRecord {
     pub target_calls: usize,
     pub drafted: usize,
     pub accepted: usize,
-    pub reached_at: Vec<usize>,
-    pub accepted_at: Vec<usize>,
+    /// The target's reviews by draft position: `reviews`, `drafted_at`, `reached_at`,
+    /// `accepted_at`.
+    #[serde(flatten)]
+    pub target: ReviewCounts,
+    /// Every review inside the drafter tree (vertical cascades), by node.
+    pub levels: Vec<LevelRecord>,
     /// Forward passes per drafter model (by file name).
     pub model_calls: BTreeMap<String, usize>,
     /// Greedy runs: whether the tokens equal the autoregressive ones. `None` when sampling.
     pub matches_autoregressive: Option<bool>,
 }
 
+/// A cascade level of one run (JSON `runs[].levels[]`): a vertical cascade's reviews of its
+/// inner drafter.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct LevelRecord {
+    /// The vertical cascade's node name (`<name>.d<i>` for K-matrix reviewers).
+    pub node: String,
+    /// Its reviewer model (file name).
+    pub model: String,
+    #[serde(flatten)]
+    pub reviews: ReviewCounts,
+}
+
 /// A model's measured cost (JSON `models[]`).
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct ModelCost {
     pub model: String,
     pub params: usize,
     /// Median one-token decode time after a 64-token context.
     pub decode_ms: f64,
+    /// (k, r(k)): this model's forward over k tokens relative to one token (a reviewer's
+    /// verify cost).
+    pub forward_cost: Vec<(usize, f64)>,
     /// `decode_ms` relative to the target's: the measured cost coefficient c.
     pub c_measured: f64,
     /// Parameter count relative to the target's (the paper's "model size" cost model).
@@ -97,7 +117,7 @@ pub struct ModelCost {
 }
 
 /// Aggregates per config and category (JSON `summary[]`; category `all` for the whole suite).
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Summary {
     pub config: String,
     pub category: String,
@@ -110,6 +130,8 @@ pub struct Summary {
     pub mean_draft_len: f64,
     /// Acceptance at each draft position given it was reviewed (CS Drafting's a_i).
     pub acceptance_by_position: Vec<f64>,
+    /// The same for each cascade level inside the drafter tree, by node name.
+    pub acceptance_by_level: BTreeMap<String, Vec<f64>>,
     /// Standardized walltime improvement, costs by parameter count and by measured time.
     pub swi_params: f64,
     pub swi_measured: f64,
@@ -121,7 +143,7 @@ pub struct Summary {
 }
 
 /// The whole report (`report.json`).
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Report {
     pub date: String,
     pub threads: usize,
@@ -185,32 +207,25 @@ pub fn measure_costs(
             .iter()
             .map(|m| Box::new(m.instance("m", None)) as Box<dyn Model>),
     );
-    // The target at every k, each other model at k = 1.
-    let runs: Vec<(usize, usize)> = KS
-        .iter()
-        .map(|&k| (0, k))
-        .chain((1..models.len()).map(|i| (i, 1)))
+    // Every model at every k (reviewers verify too).
+    let runs: Vec<(usize, usize)> = (0..models.len())
+        .flat_map(|i| KS.iter().map(move |&k| (i, k)))
         .collect();
     let s = forward_seconds(&mut models, &runs, 8)?;
-    let verify = KS.iter().zip(&s).map(|(&k, t)| (k, t / s[0])).collect();
     let tp = target.weights.param_count() as f64;
-    let mut costs = vec![ModelCost {
-        model: file_label(&target.path),
-        params: tp as usize,
-        decode_ms: s[0] * 1e3,
-        c_measured: 1.0,
-        c_params: 1.0,
-    }];
-    for (m, d) in others.iter().zip(&s[KS.len()..]) {
-        costs.push(ModelCost {
+    let costs: Vec<ModelCost> = std::iter::once(target)
+        .chain(others.iter().copied())
+        .zip(s.chunks(KS.len()))
+        .map(|(m, t)| ModelCost {
             model: file_label(&m.path),
             params: m.weights.param_count(),
-            decode_ms: d * 1e3,
-            c_measured: d / s[0],
+            decode_ms: t[0] * 1e3,
+            forward_cost: KS.iter().zip(t).map(|(&k, x)| (k, x / t[0])).collect(),
+            c_measured: t[0] / s[0],
             c_params: m.weights.param_count() as f64 / tp,
-        });
-    }
-    Ok((verify, costs))
+        })
+        .collect();
+    Ok((costs[0].forward_cost.clone(), costs))
 }
 
 /// [`measure_costs`] for the models of `store`, the one at `target` being the target.
@@ -228,6 +243,25 @@ pub fn measure_store_costs(
     })?;
     let others: Vec<&LoadedModel> = others.into_iter().map(|m| m.as_ref()).collect();
     measure_costs(t, &others)
+}
+
+/// The current time as `YYYY-MM-DD HH:MM UTC`.
+pub fn utc_now() -> String {
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    // Days since 1970-01-01 to a civil date (H. Hinnant's algorithm).
+    let z = (secs / 86_400) as i64 + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + (month <= 2) as i64;
+    let (h, m) = (secs % 86_400 / 3_600, secs % 3_600 / 60);
+    format!("{year:04}-{month:02}-{day:02} {h:02}:{m:02} UTC")
 }
 
 /// r(k) by linear interpolation of the measured points.
@@ -277,8 +311,18 @@ pub fn record(
 ) -> RunRecord {
     let s = &g.stats;
     let mut model_calls = BTreeMap::new();
+    let mut levels = Vec::new();
     if let Some(tree) = &g.drafter {
         tree.model_calls(&mut model_calls);
+        tree.visit(&mut |n| {
+            if let (Some(model), "vertical") = (&n.model, n.kind.as_str()) {
+                levels.push(LevelRecord {
+                    node: n.name.clone(),
+                    model: model.clone(),
+                    reviews: n.reviews.clone(),
+                });
+            }
+        });
     }
     RunRecord {
         config: config.to_string(),
@@ -294,8 +338,8 @@ pub fn record(
         target_calls: s.target_calls,
         drafted: s.drafted,
         accepted: s.accepted,
-        reached_at: s.reached_at.clone(),
-        accepted_at: s.accepted_at.clone(),
+        target: s.reviews.clone(),
+        levels,
         model_calls,
         matches_autoregressive: None,
     }
@@ -359,6 +403,9 @@ pub fn run(
     let mut done = 0;
     for (i, tokens) in prompts.iter().enumerate().take(opts.warmup_prompts) {
         for (label, e, o) in &mut engines {
+            if stop.load(Ordering::Relaxed) {
+                return Ok((Vec::new(), true));
+            }
             e.generate(tokens, o, &mut |_| {})?;
             done += 1;
             progress(done, total, &format!("warm-up {label}, prompt {i}"));
@@ -431,20 +478,14 @@ pub fn summarize(
             let calls: usize = rs.iter().map(|r| r.target_calls).sum();
             let seconds: f64 = rs.iter().map(|r| r.decode_seconds).sum();
             let (speedup_mean, speedup_sd) = mean(rs.iter().map(|r| r.speedup));
-            let width = rs.iter().map(|r| r.reached_at.len()).max().unwrap_or(0);
-            let acceptance: Vec<f64> = (0..width)
-                .map(|i| {
-                    let reached: usize = rs
-                        .iter()
-                        .map(|r| r.reached_at.get(i).copied().unwrap_or(0))
-                        .sum();
-                    let accepted: usize = rs
-                        .iter()
-                        .map(|r| r.accepted_at.get(i).copied().unwrap_or(0))
-                        .sum();
-                    accepted as f64 / reached.max(1) as f64
-                })
-                .collect();
+            let mut target = ReviewCounts::default();
+            let mut levels: BTreeMap<String, ReviewCounts> = BTreeMap::new();
+            for r in &rs {
+                target.add(&r.target);
+                for l in &r.levels {
+                    levels.entry(l.node.clone()).or_default().add(&l.reviews);
+                }
+            }
             let mut model_calls: BTreeMap<&str, usize> = BTreeMap::new();
             for r in &rs {
                 for (m, c) in &r.model_calls {
@@ -471,22 +512,10 @@ pub fn summarize(
             } else {
                 k_of(&config)
             };
-            // Theorem 4.1's a_i as "drafted and accepted, given every earlier one was": a
-            // drafter that sometimes drafts less (Max-Gram without a match) counts as rejected.
-            let accepted_at = |i: usize| -> usize {
-                rs.iter()
-                    .map(|r| r.accepted_at.get(i).copied().unwrap_or(0))
-                    .sum()
-            };
-            let accept: Vec<f64> = (0..k)
-                .map(|i| {
-                    let before = if i == 0 { calls } else { accepted_at(i - 1) };
-                    accepted_at(i) as f64 / before.max(1) as f64
-                })
-                .collect();
+            let mut accept = target.chain_acceptance();
+            accept.resize(k, 0.0);
             let expected = theory::position_dependent_tokens(&accept);
-            let drafted: usize = rs.iter().map(|r| r.drafted).sum();
-            let mean_draft_len = drafted as f64 / calls.max(1) as f64;
+            let mean_draft_len = target.mean_draft_len();
             Summary {
                 runs: rs.len(),
                 decode_tokens_per_second: tokens as f64 / seconds.max(1e-9),
@@ -494,7 +523,11 @@ pub fn summarize(
                 speedup_sd,
                 tokens_per_call: tokens as f64 / calls.max(1) as f64,
                 mean_draft_len,
-                acceptance_by_position: acceptance,
+                acceptance_by_position: target.acceptance_by_position(),
+                acceptance_by_level: levels
+                    .iter()
+                    .map(|(n, c)| (n.clone(), c.acceptance_by_position()))
+                    .collect(),
                 swi_params,
                 swi_measured,
                 predicted_paper: expected / (1.0 + drafter_cost),
@@ -562,12 +595,59 @@ pub fn markdown(summary: &[Summary]) -> String {
             .collect();
         out += &format!("| {c} | {} |\n", cells.join(" | "));
     }
+    out + &acceptance_table(summary)
+}
+
+/// Acceptance by draft position at every review level (CS Drafting Figure 1), over the
+/// suite, for the first positions.
+fn acceptance_table(summary: &[Summary]) -> String {
+    const SHOWN: usize = 10;
+    let mut rows: Vec<(String, &[f64])> = Vec::new();
+    for s in summary.iter().filter(|s| s.category == "all") {
+        if !s.acceptance_by_position.is_empty() {
+            rows.push((format!("{} (target)", s.config), &s.acceptance_by_position));
+        }
+        for (node, a) in &s.acceptance_by_level {
+            rows.push((format!("{}: `{node}`", s.config), a));
+        }
+    }
+    let width = rows.iter().map(|r| r.1.len()).max().unwrap_or(0).min(SHOWN);
+    if width == 0 {
+        return String::new();
+    }
+    let mut out = format!(
+        "\n| acceptance by draft position | {} |\n|---|{}\n",
+        (1..=width)
+            .map(|i| i.to_string())
+            .collect::<Vec<_>>()
+            .join(" | "),
+        "---|".repeat(width)
+    );
+    for (name, a) in rows {
+        let cells: Vec<String> = (0..width)
+            .map(|i| a.get(i).map_or("-".into(), |x| format!("{x:.2}")))
+            .collect();
+        out += &format!("| {name} | {} |\n", cells.join(" | "));
+    }
     out
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn utc_now_is_a_plausible_date() {
+        let d = utc_now();
+        assert_eq!(d.len(), "2026-11-22 07:28 UTC".len(), "{d}");
+        let year: i32 = d[..4].parse().unwrap();
+        let month: u32 = d[5..7].parse().unwrap();
+        let day: u32 = d[8..10].parse().unwrap();
+        assert!(
+            year >= 2024 && (1..=12).contains(&month) && (1..=31).contains(&day),
+            "{d}"
+        );
+    }
 
     #[test]
     fn interpolation_between_and_beyond_measured_points() {

@@ -366,6 +366,7 @@ impl Validator<'_> {
                 ));
             }
         }
+        let tokenizer = tokenizer.map(|p| std::fs::canonicalize(&p).unwrap_or(p));
         Ok(ModelPlan { path, tokenizer })
     }
 

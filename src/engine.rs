@@ -7,7 +7,7 @@ use crate::drafter::{Draft, Drafter, NodeStats};
 use crate::error::{Error, Result};
 use crate::model::Logits;
 use crate::model::Model;
-use crate::review::{review, Verdict};
+use crate::review::{review, ReviewCounts, Verdict};
 use crate::sampling::{Dist, Sampling};
 use crate::stream::TextStream;
 use crate::tokenizer::Tokenizer;
@@ -65,12 +65,9 @@ pub struct Stats {
     pub target_calls: usize,
     pub drafted: usize,
     pub accepted: usize,
-    /// `drafted_at[i]`: rounds whose draft had a token at position i;
-    /// `accepted_at[i]`: rounds where that token was accepted.
-    pub drafted_at: Vec<usize>,
-    pub accepted_at: Vec<usize>,
-    /// `reached_at[i]`: rounds where position i was reviewed (every earlier one accepted).
-    pub reached_at: Vec<usize>,
+    /// The target's reviews by draft position (one per round).
+    #[serde(flatten)]
+    pub reviews: ReviewCounts,
     pub prefill_seconds: f64,
     pub decode_seconds: f64,
 }
@@ -89,11 +86,7 @@ impl Stats {
     /// Acceptance rate at each draft position, given it was reviewed (every earlier
     /// position accepted): the `a_i` of CS Drafting's Theorem 4.1.
     pub fn acceptance_by_position(&self) -> Vec<f64> {
-        self.reached_at
-            .iter()
-            .zip(&self.accepted_at)
-            .map(|(&r, &a)| a as f64 / r.max(1) as f64)
-            .collect()
+        self.reviews.acceptance_by_position()
     }
 
     /// Mean draft length per target call.
@@ -102,17 +95,7 @@ impl Stats {
     }
 
     fn record(&mut self, drafted: usize, accepted: usize) {
-        record_positions(
-            &mut self.drafted_at,
-            &mut self.accepted_at,
-            drafted,
-            accepted,
-        );
-        let reviewed = drafted.min(accepted + 1);
-        if self.reached_at.len() < reviewed {
-            self.reached_at.resize(reviewed, 0);
-        }
-        self.reached_at[..reviewed].iter_mut().for_each(|c| *c += 1);
+        self.reviews.record(drafted, accepted);
         self.drafted += drafted;
         self.accepted += accepted;
     }
@@ -136,21 +119,6 @@ fn check_draft(draft: &mut Draft, k: usize, vocab: usize) -> Result<()> {
     draft.tokens.truncate(k);
     draft.dists.truncate(k);
     Ok(())
-}
-
-/// Counts one review: positions `0..drafted` were drafted, `0..accepted` accepted.
-pub(crate) fn record_positions(
-    drafted_at: &mut Vec<usize>,
-    accepted_at: &mut Vec<usize>,
-    drafted: usize,
-    accepted: usize,
-) {
-    if drafted_at.len() < drafted {
-        drafted_at.resize(drafted, 0);
-        accepted_at.resize(drafted, 0);
-    }
-    drafted_at[..drafted].iter_mut().for_each(|c| *c += 1);
-    accepted_at[..accepted].iter_mut().for_each(|c| *c += 1);
 }
 
 /// The result of one generation.

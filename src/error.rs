@@ -60,6 +60,9 @@ pub enum Error {
     #[error("invalid sampling setting: {0}")]
     Sampling(String),
 
+    #[error("{0}")]
+    Plan(String),
+
     #[error("chat template: {0}")]
     ChatTemplate(String),
 

@@ -16,7 +16,9 @@
 //!   Max-Gram);
 //! - [`ngram`]: bigram tables built from corpora;
 //! - [`engine`]: the draft / verify / roll back loop, with stop conditions and counters;
-//! - [`config`]: TOML configs, validated into a plan and built into an engine.
+//! - [`config`]: TOML configs, validated into a plan and built into an engine;
+//! - [`theory`], [`bench`], [`planner`]: the papers' formulas, the bench harness, and the
+//!   planner that picks draft lengths, schedules and K matrices from a bench report.
 //!
 //! ```no_run
 //! use cascade::config::RawConfig;
@@ -38,6 +40,7 @@ pub mod engine;
 pub mod error;
 pub mod model;
 pub mod ngram;
+pub mod planner;
 pub mod plot;
 pub mod profile;
 pub mod review;

@@ -1,7 +1,7 @@
 //! The `cascade` command line.
 
 use anyhow::{bail, Context, Result};
-use cascade::config::{RawConfig, RawDrafter};
+use cascade::config::RawConfig;
 use cascade::engine::{GenerateOptions, Generation};
 use clap::{Args, Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
@@ -397,6 +397,25 @@ fn bench(args: BenchArgs) -> Result<()> {
             Ok(BenchConfig { label, plan })
         })
         .collect::<Result<Vec<_>>>()?;
+    if args.max_new_tokens == 0 || args.repeats == 0 {
+        bail!("-n/--max-new-tokens and --repeats must be >= 1");
+    }
+    if suite.is_empty() {
+        bail!("{}: the prompt suite is empty", args.prompts.display());
+    }
+    for (i, c) in configs.iter().enumerate() {
+        if c.label == "autoregressive" || configs[..i].iter().any(|d| d.label == c.label) {
+            bail!(
+                "config label `{}` is taken (labels are file names without .toml; `autoregressive` is the baseline's): rename the file",
+                c.label
+            );
+        }
+    }
+    let opts = BenchOptions {
+        max_new_tokens: args.max_new_tokens,
+        repeats: args.repeats,
+        warmup_prompts: args.warmup,
+    };
     let stop = Arc::new(AtomicBool::new(false));
     let flag = stop.clone();
     ctrlc::set_handler(move || {
@@ -414,11 +433,6 @@ fn bench(args: BenchArgs) -> Result<()> {
                 .unwrap()
                 .progress_chars("=> "),
         );
-        let opts = BenchOptions {
-            max_new_tokens: args.max_new_tokens,
-            repeats: args.repeats,
-            warmup_prompts: args.warmup,
-        };
         let out = bench::run(
             &configs,
             &suite,
@@ -443,22 +457,10 @@ fn bench(args: BenchArgs) -> Result<()> {
     };
     let summary = bench::summarize(&records, &models, &verify_cost, &k_of);
     let report = bench::Report {
-        date: String::from_utf8_lossy(
-            &std::process::Command::new("date")
-                .arg("-u")
-                .arg("+%Y-%m-%d %H:%M UTC")
-                .output()?
-                .stdout,
-        )
-        .trim()
-        .to_string(),
+        date: bench::utc_now(),
         threads: candle_core::utils::get_num_threads(),
         command: std::env::args().collect::<Vec<_>>().join(" "),
-        options: BenchOptions {
-            max_new_tokens: args.max_new_tokens,
-            repeats: args.repeats,
-            warmup_prompts: args.warmup,
-        },
+        options: opts,
         verify_cost,
         models,
         runs: records,
@@ -550,255 +552,106 @@ fn bench(args: BenchArgs) -> Result<()> {
     Ok(())
 }
 
-/// What a bench report measured for one config: the figures `cascade plan` works from.
-struct Measured {
-    label: String,
-    /// Acceptance at position i as "drafted and accepted, given every earlier one was", so
-    /// that drafts shorter than K (Max-Gram without a match) count as rejections.
-    accept: Vec<f64>,
-    verify: Vec<(usize, f64)>,
-    models: Vec<serde_json::Value>,
-    runs: Vec<serde_json::Value>,
-    /// Target calls over the config's runs.
-    rounds: f64,
-}
-
-impl Measured {
-    fn from_report(report: &serde_json::Value, label: &str) -> Result<Self> {
-        let summary = report["summary"]
-            .as_array()
-            .and_then(|s| {
-                s.iter()
-                    .find(|s| s["config"] == label && s["category"] == "all")
-            })
-            .with_context(|| format!("the report has no results for config `{label}`"))?;
-        let positions = summary["acceptance_by_position"]
-            .as_array()
-            .map_or(0, |a| a.len());
-        if positions == 0 {
-            bail!("config `{label}` drafted nothing in the report: nothing to plan from");
-        }
-        let verify: Vec<(usize, f64)> = serde_json::from_value(report["verify_cost"].clone())
-            .context("report lacks verify_cost")?;
-        if verify.len() < 2 || verify[0] != (1, 1.0) || verify.windows(2).any(|w| w[0].0 >= w[1].0)
-        {
-            bail!("the report's verify_cost must be (1, 1.0) then points of increasing k");
-        }
-        let models = report["models"].as_array().context("report lacks models")?;
-        let runs: Vec<serde_json::Value> = report["runs"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter(|r| r["config"] == label)
-            .cloned()
-            .collect();
-        let total = |f: &dyn Fn(&serde_json::Value) -> Option<f64>| -> f64 {
-            runs.iter().filter_map(f).sum()
-        };
-        let rounds = total(&|r| r["target_calls"].as_f64());
-        let accepted_at = |i: usize| total(&|r| r["accepted_at"][i].as_f64());
-        let accept = (0..positions)
-            .map(|i| {
-                let before = if i == 0 { rounds } else { accepted_at(i - 1) };
-                accepted_at(i) / before.max(1.0)
-            })
-            .collect();
-        Ok(Self {
-            label: label.to_string(),
-            accept,
-            verify,
-            models: models.clone(),
-            runs,
-            rounds,
-        })
-    }
-
-    /// A model's measured cost relative to the target (0 for unknown names).
-    fn c(&self, model: &str) -> f64 {
-        let m = self.models.iter().find(|x| x["model"] == model);
-        m.and_then(|x| x["c_measured"].as_f64()).unwrap_or(0.0)
-    }
-
-    /// Forward passes of `model` over the config's runs.
-    fn calls(&self, model: &str) -> f64 {
-        let n = self.runs.iter().map(|r| r["model_calls"][model].as_f64());
-        n.map(|n| n.unwrap_or(0.0)).fold(0.0, |a, b| a + b) // (an empty f64 sum is -0.0)
-    }
-
-    /// The target's cost of verifying `n` tokens, in one-token forwards.
-    fn verify_cost(&self, n: usize) -> f64 {
-        cascade::bench::interpolate(&self.verify, n as f64)
-    }
-}
-
-fn rounded(v: &[f64]) -> Vec<f64> {
-    v.iter().map(|a| (a * 100.0).round() / 100.0).collect()
-}
-
-fn slower(p: f64) -> &'static str {
-    if p < 1.0 {
-        ", slower than autoregressive decoding"
-    } else {
-        ""
-    }
-}
-
 fn plan(args: PlanArgs) -> Result<()> {
-    let report: serde_json::Value = serde_json::from_str(
-        &std::fs::read_to_string(&args.report)
-            .with_context(|| format!("cannot read {}", args.report.display()))?,
-    )
-    .with_context(|| format!("{} is not a bench report", args.report.display()))?;
+    use cascade::planner;
+    if args.max_k == 0 {
+        bail!("--max-k must be >= 1");
+    }
+    let text = std::fs::read_to_string(&args.report)
+        .with_context(|| format!("cannot read {}", args.report.display()))?;
+    let report: cascade::bench::Report = serde_json::from_str(&text).with_context(|| {
+        format!(
+            "{} is not a report of this version of `cascade bench`",
+            args.report.display()
+        )
+    })?;
     let label = args
         .config
         .file_stem()
         .map(|s| s.to_string_lossy().into_owned())
         .unwrap_or_default();
-    if args.max_k == 0 {
-        bail!("--max-k must be >= 1");
-    }
-    let measured = Measured::from_report(&report, &label)?;
     let raw = RawConfig::load(&args.config)?;
-    let mut doc: toml::Value = toml::from_str(&std::fs::read_to_string(&args.config)?)?;
-    let horizontal = raw
-        .target
-        .drafter
-        .as_ref()
-        .and_then(|name| match raw.drafters.get(name) {
-            Some(RawDrafter::Horizontal { schedule }) => Some((name, schedule)),
-            _ => None,
-        });
-    let k = match horizontal {
-        Some((name, schedule)) => {
-            if let Some((d, _)) = schedule.iter().find(|(_, n)| *n == 0) {
-                bail!(
-                    "{}: `{d}` has 0 positions in the schedule of `{name}`",
-                    args.config.display()
-                );
-            }
-            let best = plan_schedule(&measured, &raw, schedule, args.max_k);
-            let kept: Vec<toml::Value> = schedule
-                .iter()
-                .zip(&best)
-                .filter(|(_, n)| **n > 0)
-                .map(|((d, _), n)| toml::Value::Array(vec![d.as_str().into(), (*n as i64).into()]))
-                .collect();
-            let drafter = doc
-                .get_mut("drafters")
-                .and_then(|d| d.get_mut(name.as_str()));
-            let drafter = drafter.and_then(|d| d.as_table_mut());
-            drafter
-                .context("the config's schedule is not a [drafters.<name>] table")?
-                .insert("schedule".into(), toml::Value::Array(kept));
-            best.iter().sum::<usize>()
-        }
-        None => plan_draft_length(&measured, args.max_k),
-    };
-    doc.get_mut("target")
-        .and_then(|t| t.as_table_mut())
-        .context("the config has no [target] table")?
-        .insert("k".into(), toml::Value::Integer(k as i64));
+    let base = args.config.parent().map(PathBuf::from).unwrap_or_default();
+    let config = raw.validate(&base)?;
+    let measured = planner::Measured::new(&report, &label)?;
+    let levels = planner::plan_levels(&measured, &config, args.max_k)?;
+    println!("config {label}, planned from {}:", args.report.display());
+    for l in &levels {
+        print_level(l);
+    }
     if let Some(out) = args.write {
+        let mut doc: toml::Value = toml::from_str(&std::fs::read_to_string(&args.config)?)?;
+        planner::write_best(&raw, &mut doc, &levels)?;
+        planner::absolute_paths(&mut doc, &base);
         std::fs::write(&out, toml::to_string(&doc)?)?;
         println!("wrote {}", out.display());
     }
     Ok(())
 }
 
-/// Leviathan section 3.5 with measured costs: prints the predicted speedup of each K and
-/// returns the best.
-fn plan_draft_length(m: &Measured, max_k: usize) -> usize {
-    use cascade::theory;
-    // Drafter cost per drafted token: model forward passes weighted by their measured c.
-    let drafted: f64 = m.runs.iter().filter_map(|r| r["drafted"].as_f64()).sum();
-    let model_cost = m
-        .runs
-        .iter()
-        .flat_map(|r| r["model_calls"].as_object().into_iter().flatten())
-        .map(|(model, n)| n.as_f64().unwrap_or(0.0) * m.c(model))
-        .fold(0.0, |a, b| a + b); // (an empty f64 sum is -0.0)
-    let cost = model_cost / drafted.max(1.0);
-    let cpu = theory::plan_k(&m.accept, cost, &|n| m.verify_cost(n), max_k);
-    let paper = theory::plan_k(&m.accept, cost, &|_| 1.0, max_k);
-    println!(
-        "config {}: acceptance by position {:?}, drafter cost {cost:.3} target calls per drafted token",
-        m.label,
-        rounded(&m.accept)
-    );
-    println!("| K | predicted speedup (verify = 1 call, the papers) | predicted speedup (measured r(K+1)) |\n|---|---|---|");
-    for ((k, p), (_, c)) in paper.iter().zip(&cpu) {
-        println!("| {k} | {p:.2} | {c:.2} |");
-    }
-    let (k, p) = cpu
-        .iter()
-        .copied()
-        .fold((0, 0.0), |b, x| if x.1 > b.1 { x } else { b });
-    println!(
-        "best K on this machine: {k} (predicted {p:.2}x{})",
-        slower(p)
-    );
-    k
-}
-
-/// CS Drafting Theorem 4.1 over the splits of a horizontal schedule: prints the best ones and
-/// returns the best counts (one per scheduled drafter, possibly 0).
-fn plan_schedule(
-    m: &Measured,
-    raw: &RawConfig,
-    schedule: &[(String, usize)],
-    max_k: usize,
-) -> Vec<usize> {
-    use cascade::theory;
-    // Each segment: its measured acceptance by position, and the cost of the models it runs
-    // per target call spread over its positions (a model shared by segments is charged by
-    // their share of positions).
-    let users = |model: &String| -> usize {
-        let uses = |(d, _): &&(String, usize)| raw.model_files(d).contains(model);
-        schedule.iter().filter(uses).map(|(_, n)| *n).sum()
+/// One review level of `cascade plan`: its drafters' measured figures, the best splits and
+/// the verdict.
+fn print_level(l: &cascade::planner::LevelPlan) {
+    use cascade::planner::Rating;
+    let rounded =
+        |v: &[f64]| -> Vec<f64> { v.iter().map(|a| (a * 100.0).round() / 100.0).collect() };
+    let what = match l.rating {
+        Rating::Speedup => "predicted speedup".to_string(),
+        Rating::CostPerToken { share } => {
+            format!("target calls per token, emitting {share}")
+        }
     };
-    let mut offset = 0;
-    let segments: Vec<theory::Segment> = schedule
-        .iter()
-        .map(|(d, n)| {
-            let per_round = raw
-                .model_files(d)
-                .iter()
-                .map(|model| m.calls(model) * m.c(model) * *n as f64 / users(model) as f64)
-                .fold(0.0, |a, b| a + b)
-                / m.rounds.max(1.0);
-            let end = (offset + n).min(m.accept.len());
-            let segment = theory::Segment {
-                accept: m.accept[offset.min(end)..end].to_vec(),
-                cost: per_round / *n as f64,
-            };
-            offset += n;
-            segment
-        })
-        .collect();
-    let verify = |n: usize| m.verify_cost(n);
-    let ranked = theory::plan_schedule(&segments, &verify, max_k);
-    let paper = |counts: &[usize]| theory::schedule_improvement(&segments, counts, &|_| 1.0);
-    let names: Vec<&str> = schedule.iter().map(|(d, _)| d.as_str()).collect();
-    let current: Vec<usize> = schedule.iter().map(|(_, n)| *n).collect();
-    println!("config {}: horizontal schedule over {names:?}", m.label);
-    for (d, s) in names.iter().zip(&segments) {
+    println!(
+        "\n{} reviews `{}` (drafting from {:?}):",
+        l.reviewer, l.draft, l.parts
+    );
+    for (d, s) in l.parts.iter().zip(&l.segments) {
+        let per_token = s.cost.get(1).copied().unwrap_or(0.0);
+        // Past the measured positions (one per fill value), the pooled rate.
+        let (measured, beyond) = s.accept.split_at(s.fill.len().min(s.accept.len()));
+        let beyond = beyond
+            .first()
+            .map_or(String::new(), |a| format!(" then {a:.2}"));
         println!(
-            "  {d}: acceptance by position {:?}, {:.3} target calls per drafted token",
-            rounded(&s.accept),
-            s.cost
+            "  {d}: kept by position {:?}{beyond} (not drafted counts as rejected), drafted in {:?} of reviews, {per_token:.3} target calls for one token",
+            rounded(measured),
+            rounded(&s.fill),
         );
     }
-    println!("| counts {names:?} | predicted speedup (verify = 1 call, the papers) | predicted speedup (measured r(K+1)) |\n|---|---|---|");
-    for (counts, p) in ranked.iter().take(8) {
-        println!("| {counts:?} | {:.2} | {p:.2} |", paper(counts));
+    println!("| counts | {what} (verify = 1 call, the papers) | {what} (measured verify cost) |\n|---|---|---|");
+    for (counts, paper, measured) in l.ranked.iter().take(8) {
+        println!("| {counts:?} | {paper:.3} | {measured:.3} |");
     }
-    let (best, p) = ranked[0].clone();
+    let (best, value) = (l.best(), l.ranked[0].2);
+    let verdict = match l.rating {
+        Rating::Speedup if value < 1.0 => ", slower than autoregressive decoding",
+        _ => "",
+    };
     println!(
-        "current {current:?}: predicted {:.2}x; best on this machine: {best:?} (predicted {p:.2}x{})",
-        theory::schedule_improvement(&segments, &current, &verify),
-        slower(p)
+        "current {:?}: {:.3}; best on this machine: {best:?} ({value:.3}{verdict})",
+        l.current, l.current_value
     );
-    best
+    // A part moved to earlier positions keeps the rates measured where it was: a guess.
+    let starts = |counts: &[usize]| -> Vec<usize> {
+        counts
+            .iter()
+            .scan(0, |at, n| Some(std::mem::replace(at, *at + n)))
+            .collect()
+    };
+    for ((d, now), (then, n)) in l
+        .parts
+        .iter()
+        .zip(starts(&l.current))
+        .zip(starts(best).into_iter().zip(best))
+    {
+        if *n > 0 && then < now {
+            println!(
+                "  note: `{d}` was measured from position {} on; the best split puts it at {} with the same rates, so bench the written config to confirm",
+                now + 1,
+                then + 1
+            );
+        }
+    }
 }
 
 fn ngram_build(args: BuildArgs) -> Result<()> {

@@ -18,6 +18,7 @@
 use crate::model::Logits;
 use crate::sampling::{argmax, sample_weights, Dist, Sampling};
 use rand::Rng;
+use serde::{Deserialize, Serialize};
 
 /// What a review decided: the first `accepted` draft tokens are kept, then `next` follows
 /// (the recovered token after a rejection, or the bonus token when all were kept).
@@ -178,6 +179,87 @@ pub fn residual_sample(p: &Dist, q: &Dist, rng: &mut impl Rng) -> u32 {
         sample_weights(&residual, rng)
     } else {
         p.sample(rng)
+    }
+}
+
+/// Counters of the reviews at one level (the target's, or a vertical cascade's reviewer), by
+/// draft position (0-based).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct ReviewCounts {
+    /// Reviews, an empty draft's included.
+    pub reviews: usize,
+    /// `drafted_at[i]`: reviews whose draft had a token at position i.
+    pub drafted_at: Vec<usize>,
+    /// `reached_at[i]`: reviews that examined position i (every earlier one accepted).
+    pub reached_at: Vec<usize>,
+    /// `accepted_at[i]`: reviews that accepted position i.
+    pub accepted_at: Vec<usize>,
+}
+
+impl ReviewCounts {
+    /// Counts one review of a `drafted`-token draft that accepted `accepted` tokens.
+    pub fn record(&mut self, drafted: usize, accepted: usize) {
+        let reviewed = drafted.min(accepted + 1);
+        self.reviews += 1;
+        if self.drafted_at.len() < drafted {
+            self.drafted_at.resize(drafted, 0);
+            self.reached_at.resize(drafted, 0);
+            self.accepted_at.resize(drafted, 0);
+        }
+        self.drafted_at[..drafted].iter_mut().for_each(|c| *c += 1);
+        self.reached_at[..reviewed].iter_mut().for_each(|c| *c += 1);
+        self.accepted_at[..accepted]
+            .iter_mut()
+            .for_each(|c| *c += 1);
+    }
+
+    /// Adds another level's (or run's) counters to these.
+    pub fn add(&mut self, other: &ReviewCounts) {
+        fn add(a: &mut Vec<usize>, b: &[usize]) {
+            if a.len() < b.len() {
+                a.resize(b.len(), 0);
+            }
+            a.iter_mut().zip(b).for_each(|(x, y)| *x += y);
+        }
+        self.reviews += other.reviews;
+        add(&mut self.drafted_at, &other.drafted_at);
+        add(&mut self.reached_at, &other.reached_at);
+        add(&mut self.accepted_at, &other.accepted_at);
+    }
+
+    /// Acceptance at each position given it was examined (CS Drafting Figure 1).
+    pub fn acceptance_by_position(&self) -> Vec<f64> {
+        let at = |v: &[usize], i: usize| v.get(i).copied().unwrap_or(0) as f64;
+        (0..self.reached_at.len())
+            .map(|i| at(&self.accepted_at, i) / at(&self.reached_at, i).max(1.0))
+            .collect()
+    }
+
+    /// Theorem 4.1's `a_i` for planning: position i drafted and accepted, given every earlier
+    /// one was, so that a drafter that sometimes drafts less (Max-Gram without a match)
+    /// counts as rejected there.
+    pub fn chain_acceptance(&self) -> Vec<f64> {
+        (0..self.accepted_at.len())
+            .map(|i| {
+                let before = if i == 0 {
+                    self.reviews
+                } else {
+                    self.accepted_at[i - 1]
+                };
+                self.accepted_at[i] as f64 / before.max(1) as f64
+            })
+            .collect()
+    }
+
+    /// The share of reviews whose draft had a token at each position.
+    pub fn fill(&self) -> Vec<f64> {
+        let n = self.reviews.max(1) as f64;
+        self.drafted_at.iter().map(|&d| d as f64 / n).collect()
+    }
+
+    /// Mean draft length per review.
+    pub fn mean_draft_len(&self) -> f64 {
+        self.drafted_at.iter().sum::<usize>() as f64 / self.reviews.max(1) as f64
     }
 }
 

@@ -65,83 +65,109 @@ pub fn swi(n: usize, target_calls: usize, drafters: &[(usize, f64)]) -> f64 {
                 .sum::<f64>())
 }
 
-/// Predicted improvement for each draft length `k` in `1..=max_k` of a single drafter whose
-/// acceptance at position `i` is `accept[i]` (the last value extends to later positions),
-/// drafting at `cost` target calls per token, when verifying `k` tokens costs `verify(k + 1)`
-/// target calls: `E[tokens per call] / (verify(k + 1) + k cost)`.
-pub fn plan_k(
-    accept: &[f64],
-    cost: f64,
-    verify: &dyn Fn(usize) -> f64,
-    max_k: usize,
-) -> Vec<(usize, f64)> {
-    let at = |i: usize| accept.get(i).or(accept.last()).copied().unwrap_or(0.0);
-    (1..=max_k)
-        .map(|k| {
-            let a: Vec<f64> = (0..k).map(at).collect();
-            (
-                k,
-                position_dependent_tokens(&a) / (verify(k + 1) + k as f64 * cost),
-            )
-        })
-        .collect()
-}
-
-/// One drafter of a horizontal schedule, for [`plan_schedule`]: its acceptance at each
-/// position of its segment (the last value extends to later positions) and its cost per
-/// drafted token in target calls.
+/// One drafter's part of a draft, for planning: its acceptance `a_j` and fill (the share of
+/// reviews that had a token there) at each position of its part (the last value extends to
+/// later positions), and `cost[n]`, the target calls it spends to draft `n` tokens.
+#[derive(Clone, Debug)]
 pub struct Segment {
     pub accept: Vec<f64>,
-    pub cost: f64,
+    pub fill: Vec<f64>,
+    pub cost: Vec<f64>,
 }
 
-/// CS Drafting Theorem 4.1 over horizontal schedules: every split of at most `max_k` draft
-/// positions between `segments` (in their order; a count may be 0), with the predicted
-/// improvement `E[tokens per call] / (verify(K + 1) + sum of drafting costs)`, best first.
-pub fn plan_schedule(
+impl Segment {
+    /// A drafter that drafts every position at `c` target calls per token.
+    pub fn linear(accept: Vec<f64>, c: f64, max_n: usize) -> Self {
+        Self {
+            accept,
+            fill: vec![1.0],
+            cost: (0..=max_n).map(|n| n as f64 * c).collect(),
+        }
+    }
+}
+
+fn extended(v: &[f64], j: usize) -> f64 {
+    v.get(j).or(v.last()).copied().unwrap_or(0.0)
+}
+
+/// The first `limit` positions of a split (`counts[i]` positions from `segments[i]`, in
+/// order): acceptance and fill by position, and the drafting cost.
+fn layout(segments: &[Segment], counts: &[usize], limit: usize) -> (Vec<f64>, Vec<f64>, f64) {
+    let (mut accept, mut fill, mut cost) = (Vec::new(), Vec::new(), 0.0);
+    for (s, &n) in segments.iter().zip(counts) {
+        let n = n.min(limit - accept.len());
+        accept.extend((0..n).map(|j| extended(&s.accept, j)));
+        fill.extend((0..n).map(|j| extended(&s.fill, j)));
+        cost += s.cost[n.min(s.cost.len() - 1)];
+    }
+    (accept, fill, cost)
+}
+
+/// CS Drafting Theorem 4.1 for one split, with a review's cost as it is on this machine:
+/// `E[tokens per review] / (verify(1 + E[draft length]) + drafting cost)`, where
+/// `verify(x)` is the reviewer's cost of a forward over `x` tokens in target calls (1 in the
+/// papers). At the target this is the predicted speedup.
+pub fn split_improvement(
     segments: &[Segment],
-    verify: &dyn Fn(usize) -> f64,
-    max_k: usize,
-) -> Vec<(Vec<usize>, f64)> {
-    fn splits(n: usize, max: usize) -> Vec<Vec<usize>> {
+    counts: &[usize],
+    verify: &dyn Fn(f64) -> f64,
+) -> f64 {
+    let (accept, fill, cost) = layout(segments, counts, usize::MAX);
+    position_dependent_tokens(&accept) / (verify(1.0 + fill.iter().sum::<f64>()) + cost)
+}
+
+/// Every way to give at most `max_k` positions, at least one, to `parts` drafters in order.
+pub fn splits(parts: usize, max_k: usize) -> Vec<Vec<usize>> {
+    fn all(n: usize, max: usize) -> Vec<Vec<usize>> {
         if n == 0 {
             return vec![vec![]];
         }
         (0..=max)
             .flat_map(|c| {
-                splits(n - 1, max - c).into_iter().map(move |mut rest| {
+                all(n - 1, max - c).into_iter().map(move |mut rest| {
                     rest.insert(0, c);
                     rest
                 })
             })
             .collect()
     }
-    let mut out: Vec<(Vec<usize>, f64)> = splits(segments.len(), max_k)
-        .into_iter()
-        .filter(|counts| counts.iter().sum::<usize>() > 0)
-        .map(|counts| {
-            let predicted = schedule_improvement(segments, &counts, verify);
-            (counts, predicted)
-        })
-        .collect();
-    out.sort_by(|a, b| b.1.total_cmp(&a.1));
+    let mut out = all(parts, max_k);
+    out.retain(|c| c.iter().sum::<usize>() > 0);
     out
 }
 
-/// The improvement [`plan_schedule`] predicts for one split: `counts[i]` positions from
-/// `segments[i]`.
-pub fn schedule_improvement(
+/// A vertical cascade's cost to emit `n` tokens, for `n` in `0..=max_n`: it reviews splits of
+/// its inner draft (at most `counts`, fewer when fewer tokens are still wanted) until it has
+/// emitted `n`; each review costs `verify(1 + E[draft length])` plus the drafting, and emits
+/// `j` tokens with the probability Theorem 4.1's acceptance chain gives (a rejection at
+/// position `j`, or the bonus token after all `m`).
+pub fn emission_costs(
     segments: &[Segment],
     counts: &[usize],
-    verify: &dyn Fn(usize) -> f64,
-) -> f64 {
-    let (mut accept, mut cost) = (Vec::new(), 0.0);
-    for (s, &n) in segments.iter().zip(counts) {
-        let at = |j: usize| s.accept.get(j).or(s.accept.last()).copied().unwrap_or(0.0);
-        accept.extend((0..n).map(at));
-        cost += n as f64 * s.cost;
+    verify: &dyn Fn(f64) -> f64,
+    max_n: usize,
+) -> Vec<f64> {
+    let k: usize = counts.iter().sum();
+    let mut cost = vec![0.0; max_n + 1];
+    for n in 1..=max_n {
+        let m = n.min(k);
+        let (accept, fill, drafting) = layout(segments, counts, m);
+        let mut total = verify(1.0 + fill.iter().sum::<f64>()) + drafting;
+        let mut reach = 1.0; // P(the first j - 1 positions were accepted)
+        for j in 1..=m + 1 {
+            let p_emit_j = if j <= m {
+                reach * (1.0 - accept[j - 1])
+            } else {
+                reach
+            };
+            total += p_emit_j * cost[n.saturating_sub(j)];
+            if j <= m {
+                reach *= accept[j - 1];
+            }
+        }
+        cost[n] = total;
     }
-    position_dependent_tokens(&accept) / (verify(accept.len() + 1) + cost)
+    cost
 }
 
 #[cfg(test)]
@@ -153,42 +179,94 @@ mod tests {
     }
 
     #[test]
-    fn schedule_planning_with_one_drafter_is_k_planning() {
-        let accept = vec![0.8, 0.7, 0.6];
-        let verify = |k: usize| 1.0 + 0.1 * k as f64;
-        let seg = [Segment {
-            accept: accept.clone(),
-            cost: 0.2,
-        }];
-        let mut by_k = plan_schedule(&seg, &verify, 8);
-        by_k.sort_by_key(|(c, _)| c[0]);
-        for ((counts, s), (k, p)) in by_k.iter().zip(plan_k(&accept, 0.2, &verify, 8)) {
-            assert_eq!(counts[0], k);
-            assert!(close(*s, p));
+    fn one_linear_drafter_with_unit_verify_cost_is_theorem_3_8() {
+        for (a, c) in [(0.8, 0.05), (0.6, 0.3), (0.95, 0.01)] {
+            let seg = [Segment::linear(vec![a], c, 30)];
+            for k in 1..=30 {
+                assert!(close(
+                    split_improvement(&seg, &[k], &|_| 1.0),
+                    improvement(a, k, c)
+                ));
+            }
+            let best = splits(1, 30)
+                .into_iter()
+                .max_by(|x, y| {
+                    let f = |s: &Vec<usize>| split_improvement(&seg, s, &|_| 1.0);
+                    f(x).total_cmp(&f(y))
+                })
+                .unwrap();
+            assert_eq!(best[0], optimal_gamma(a, c, 30).0.max(1));
         }
+        // A verify cost growing with the draft shortens the best draft.
+        let seg = [Segment::linear(vec![0.8], 0.05, 30)];
+        let best = |verify: &dyn Fn(f64) -> f64| {
+            (1..=30)
+                .max_by(|&x, &y| {
+                    split_improvement(&seg, &[x], verify).total_cmp(&split_improvement(
+                        &seg,
+                        &[y],
+                        verify,
+                    ))
+                })
+                .unwrap()
+        };
+        assert!(best(&|x| 1.0 + 0.3 * (x - 1.0)) < best(&|_| 1.0));
     }
 
     #[test]
-    fn schedule_planning_puts_the_better_drafter_first_and_the_free_one_last() {
+    fn a_split_between_two_drafters_is_theorem_4_1() {
         // A costly accurate drafter and a free weak one: the best split uses both, and its
         // prediction is the closed form of Theorem 4.1 for that split.
         let segs = [
-            Segment {
-                accept: vec![0.9],
-                cost: 0.3,
-            },
-            Segment {
-                accept: vec![0.3],
-                cost: 0.0,
-            },
+            Segment::linear(vec![0.9], 0.3, 10),
+            Segment::linear(vec![0.3], 0.0, 10),
         ];
-        let verify = |_: usize| 1.0;
-        let best = &plan_schedule(&segs, &verify, 10)[0];
-        assert!(best.0[0] > 0 && best.0[1] > 0, "{best:?}");
-        let (n1, n2) = (best.0[0], best.0[1]);
+        let value = |c: &[usize]| split_improvement(&segs, c, &|_| 1.0);
+        let best = splits(2, 10)
+            .into_iter()
+            .max_by(|x, y| value(x).total_cmp(&value(y)))
+            .unwrap();
+        assert!(best[0] > 0 && best[1] > 0, "{best:?}");
+        let (n1, n2) = (best[0], best[1]);
         let accept: Vec<f64> = (0..n1).map(|_| 0.9).chain((0..n2).map(|_| 0.3)).collect();
-        let cost = vec![0.3; n1];
-        assert!(close(best.1, ewif(&accept, &cost)));
+        assert!(close(value(&best), ewif(&accept, &vec![0.3; n1])));
+        // Positions a drafter leaves empty are not verified: a half-filled free segment costs
+        // half its positions at the reviewer.
+        let sparse = [Segment {
+            accept: vec![0.2],
+            fill: vec![0.5],
+            cost: vec![0.0; 11],
+        }];
+        let verify = |x: f64| x; // r(x) = x
+        assert!(close(
+            split_improvement(&sparse, &[4], &verify),
+            expected_tokens(0.2, 4) / 3.0
+        ));
+        assert_eq!(splits(2, 2), [[0, 1], [0, 2], [1, 0], [1, 1], [2, 0]]);
+    }
+
+    #[test]
+    fn emission_costs_count_reviews() {
+        let round = |m: usize| 1.0 + m as f64; // verify(1 + m), free drafter
+        let verify = |x: f64| x;
+        // Everything rejected: one token per review, each review drafting min(wanted, k).
+        let none = [Segment::linear(vec![0.0], 0.0, 20)];
+        let c = emission_costs(&none, &[4], &verify, 20);
+        assert_eq!(c.len(), 21);
+        for (n, &cost) in c.iter().enumerate() {
+            let want: f64 = (1..=n).map(|i| round(i.min(4))).sum();
+            assert!(close(cost, want), "n={n}");
+        }
+        // Everything accepted: k + 1 tokens per review, the last review asking only for what
+        // is still wanted.
+        let all = [Segment::linear(vec![1.0], 0.0, 20)];
+        let c = emission_costs(&all, &[4], &verify, 20);
+        assert!(close(c[15], 3.0 * round(4)));
+        assert!(close(c[7], round(4) + round(2)));
+        // With a costly drafter, drafting cost is paid per review on the positions drafted.
+        let paid = [Segment::linear(vec![1.0], 0.5, 20)];
+        let c = emission_costs(&paid, &[2], &verify, 20);
+        assert!(close(c[6], 2.0 * (round(2) + 1.0)));
     }
 
     #[test]
@@ -242,24 +320,6 @@ mod tests {
         let mixed = ewif(&[0.8, 0.8, 0.5, 0.5], &[0.3, 0.3, 0.0, 0.0]);
         assert!(close(mixed, (1.0 + 0.8 + 0.64 + 0.32 + 0.16) / 1.6));
         assert!(close(ewif_with_verify_cost(&[0.5], &[0.0], 2.0), 0.75));
-    }
-
-    #[test]
-    fn plan_k_with_unit_verify_cost_is_theorem_3_8() {
-        let plan = plan_k(&[0.8], 0.05, &|_| 1.0, 30);
-        for &(k, f) in &plan {
-            assert!(close(f, improvement(0.8, k, 0.05)));
-        }
-        let best = plan
-            .iter()
-            .fold((0, 0.0), |b, &x| if x.1 > b.1 { x } else { b });
-        assert_eq!(best.0, optimal_gamma(0.8, 0.05, 30).0);
-        // A verify cost growing with k shortens the best draft.
-        let cpu = plan_k(&[0.8], 0.05, &|n| 1.0 + 0.3 * (n - 1) as f64, 30);
-        let best_cpu = cpu
-            .iter()
-            .fold((0, 0.0), |b, &x| if x.1 > b.1 { x } else { b });
-        assert!(best_cpu.0 < best.0, "{best_cpu:?} vs {best:?}");
     }
 
     #[test]

@@ -4,6 +4,7 @@ mod common;
 
 use common::serial;
 use std::io::Write;
+use std::path::Path;
 use std::process::{Command, Stdio};
 
 fn cascade(args: &[&str], stdin: Option<&str>) -> (bool, String, String) {
@@ -217,20 +218,22 @@ fn errors_are_reported_without_a_panic() {
     );
     assert!(!ok);
     assert_eq!(err.trim(), "cascade: sampling: invalid sampling setting: temperature must be a finite number >= 0, got -1");
-    // Planning a schedule with an empty segment, and with no usable verify cost.
+    // Planning for a config the report did not bench.
     let dir = tempfile::tempdir().unwrap();
-    let config = dir.path().join("cs-drafting.toml");
-    let text = std::fs::read_to_string("configs/cs-drafting.toml").unwrap();
-    std::fs::write(&config, text.replace(r#"["mag", 3]"#, r#"["mag", 0]"#)).unwrap();
-    let config = config.to_str().unwrap();
     let (ok, _, err) = cascade(
-        &["plan", "-r", "docs/bench/report.json", "-c", config],
+        &[
+            "plan",
+            "-r",
+            "docs/bench/report.json",
+            "-c",
+            "configs/bigram.toml",
+        ],
         None,
     );
     assert!(!ok);
     assert_eq!(
         err.trim(),
-        format!("cascade: {config}: `mag` has 0 positions in the schedule of `cascade`")
+        "cascade: the report has no results for config `bigram`"
     );
     // Bench compares configs over one target.
     let other = dir.path().join("other.toml");
@@ -255,23 +258,38 @@ fn errors_are_reported_without_a_panic() {
         err.trim().lines().last().unwrap(),
         "cascade: other: its target differs from `max-gram`'s; bench compares configs over one target"
     );
+    // A report whose target costs are unusable, and one of another schema.
     let report = dir.path().join("report.json");
     let mut doc: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string("docs/bench/report.json").unwrap()).unwrap();
-    doc["verify_cost"] = serde_json::json!([[1, 1.0]]);
+    doc["models"][0]["forward_cost"] = serde_json::json!([[1, 1.0]]);
     std::fs::write(&report, doc.to_string()).unwrap();
-    let args = [
-        "plan",
-        "-r",
-        report.to_str().unwrap(),
-        "-c",
-        "configs/speculative.toml",
-    ];
-    let (ok, _, err) = cascade(&args, None);
+    let plan = |report: &std::path::Path| {
+        let args = [
+            "plan",
+            "-r",
+            report.to_str().unwrap(),
+            "-c",
+            "configs/speculative.toml",
+        ];
+        cascade(&args, None)
+    };
+    let (ok, _, err) = plan(&report);
     assert!(!ok);
     assert_eq!(
         err.trim(),
-        "cascade: the report's verify_cost must be (1, 1.0) then points of increasing k"
+        "cascade: the report's forward_cost of `qwen2.5-coder-1.5b-instruct-q4_k_m.gguf` must be (1, 1.0) then points of increasing k"
+    );
+    doc["runs"][0].as_object_mut().unwrap().remove("levels");
+    std::fs::write(&report, doc.to_string()).unwrap();
+    let (ok, _, err) = plan(&report);
+    assert!(!ok);
+    assert!(
+        err.starts_with(&format!(
+            "cascade: {} is not a report of this version of `cascade bench`: missing field `levels`",
+            report.display()
+        )),
+        "{err}"
     );
 }
 
@@ -370,13 +388,35 @@ fn a_small_bench_run_writes_a_complete_report() {
         "target_calls",
         "drafted",
         "accepted",
+        "reviews",
+        "drafted_at",
         "reached_at",
         "accepted_at",
+        "levels",
         "model_calls",
         "matches_autoregressive",
     ] {
         assert!(runs.iter().all(|r| !r[key].is_null()), "a run lacks {key}");
     }
+    for key in [
+        "model",
+        "params",
+        "decode_ms",
+        "forward_cost",
+        "c_measured",
+        "c_params",
+    ] {
+        let models = report["models"].as_array().unwrap();
+        assert!(
+            models.iter().all(|m| !m[key].is_null()),
+            "a model lacks {key}"
+        );
+    }
+    // The schema is the library's: the report reads back into it.
+    let typed: cascade::bench::Report =
+        serde_json::from_str(&std::fs::read_to_string(out.path().join("report.json")).unwrap())
+            .unwrap();
+    assert_eq!(typed.runs.len(), runs.len());
     let summary = report["summary"].as_array().unwrap();
     for key in [
         "config",
@@ -388,6 +428,7 @@ fn a_small_bench_run_writes_a_complete_report() {
         "tokens_per_call",
         "mean_draft_len",
         "acceptance_by_position",
+        "acceptance_by_level",
         "swi_params",
         "swi_measured",
         "predicted_paper",
@@ -400,11 +441,92 @@ fn a_small_bench_run_writes_a_complete_report() {
         );
     }
     assert!(summary.iter().all(|s| s["greedy_mismatches"] == 0));
+    // The acceptance table has a row for the target's reviews when anything was drafted.
+    let drafted = summary.iter().any(|s| {
+        s["config"] == "max-gram"
+            && s["category"] == "all"
+            && !s["acceptance_by_position"].as_array().unwrap().is_empty()
+    });
+    assert_eq!(
+        stdout.contains("| max-gram (target) |"),
+        drafted,
+        "{stdout}"
+    );
     for f in ["report.md", "acceptance.svg", "speedup.svg"] {
         assert!(out.path().join(f).is_file(), "{f} missing");
     }
     let svg = std::fs::read_to_string(out.path().join("speedup.svg")).unwrap();
     assert!(svg.starts_with("<svg") && svg.contains("max-gram"));
+}
+
+/// Runs `cascade plan` on the committed bench report for `config`, writing the best settings
+/// to `written`; returns its output and the written document.
+fn plan_and_write(config: &str, max_k: usize, written: &Path) -> (String, toml::Value) {
+    let max_k = max_k.to_string();
+    let args = [
+        "plan",
+        "-r",
+        "docs/bench/report.json",
+        "-c",
+        config,
+        "--max-k",
+        &max_k,
+    ];
+    let (ok, stdout, err) = cascade(
+        &[&args[..], &["--write", written.to_str().unwrap()]].concat(),
+        None,
+    );
+    assert!(ok, "{err}");
+    let doc = toml::from_str(&std::fs::read_to_string(written).unwrap()).unwrap();
+    (stdout, doc)
+}
+
+/// K-matrix search from the committed bench report: the reviewer's level (measured inside the
+/// cascade) is planned, and the written config's row 1 sums to the target's K.
+#[test]
+fn plan_searches_a_k_matrix_and_writes_it() {
+    let report: cascade::bench::Report =
+        serde_json::from_str(&std::fs::read_to_string("docs/bench/report.json").unwrap()).unwrap();
+    let levels: Vec<_> = report
+        .runs
+        .iter()
+        .filter(|r| r.config == "cs-drafting-k-matrix")
+        .flat_map(|r| &r.levels)
+        .collect();
+    assert!(!levels.is_empty() && levels.iter().all(|l| l.node == "cs.d1"));
+    assert!(levels.iter().map(|l| l.reviews.reviews).sum::<usize>() > 0);
+    let out = tempfile::tempdir().unwrap();
+    let written = out.path().join("best.toml");
+    let (stdout, doc) = plan_and_write("configs/cs-drafting-k-matrix.toml", 6, &written);
+    assert!(stdout.contains("cs.d1 reviews `mag`"), "{stdout}");
+    assert!(stdout.contains("target reviews `cs`"), "{stdout}");
+    let row: Vec<i64> = doc["drafters"]["cs"]["k_matrix"][0]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_integer().unwrap())
+        .collect();
+    assert_eq!(row.len(), 2);
+    let k = doc["target"]["k"].as_integer().unwrap();
+    assert_eq!(row.iter().sum::<i64>(), k);
+    assert!((1..=6).contains(&k));
+    let last_k = doc["drafters"]["cs"]["last_k"].as_integer().unwrap();
+    assert!((1..=6).contains(&last_k), "{last_k}");
+    // The written config is valid and runs from where it was written (its paths are absolute).
+    let (ok, _, err) = cascade(
+        &[
+            "generate",
+            "-c",
+            written.to_str().unwrap(),
+            "-p",
+            "def add(a, b):",
+            "-n",
+            "4",
+            "--no-chat",
+        ],
+        None,
+    );
+    assert!(ok, "{err}");
 }
 
 /// Schedule search for a horizontal cascade from the committed bench report: the written
@@ -413,23 +535,8 @@ fn a_small_bench_run_writes_a_complete_report() {
 fn plan_searches_a_horizontal_schedule_and_writes_it() {
     let out = tempfile::tempdir().unwrap();
     let written = out.path().join("best.toml");
-    let (ok, stdout, err) = cascade(
-        &[
-            "plan",
-            "-r",
-            "docs/bench/report.json",
-            "-c",
-            "configs/cs-drafting.toml",
-            "--max-k",
-            "8",
-            "--write",
-            written.to_str().unwrap(),
-        ],
-        None,
-    );
-    assert!(ok, "{err}");
+    let (stdout, doc) = plan_and_write("configs/cs-drafting.toml", 8, &written);
     assert!(stdout.contains("best on this machine"), "{stdout}");
-    let doc: toml::Value = toml::from_str(&std::fs::read_to_string(&written).unwrap()).unwrap();
     let schedule = doc["drafters"]["cascade"]["schedule"].as_array().unwrap();
     assert!(!schedule.is_empty());
     let counts: Vec<i64> = schedule

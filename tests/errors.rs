@@ -182,12 +182,14 @@ fn unsupported_architecture_is_named_before_the_tokenizer_loads() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("gemma.gguf");
     std::fs::write(&path, &src).unwrap();
-    let e = LoadedModel::load(&path, None, &mut |_, _| {})
-        .err()
-        .unwrap()
-        .to_string();
+    let load_error = |path: &Path| {
+        LoadedModel::load(path, None, &mut |_, _| {})
+            .err()
+            .unwrap()
+            .to_string()
+    };
     assert_eq!(
-        e,
+        load_error(&path),
         format!(
             "unsupported model architecture `gemma` in {} (supported: qwen2, llama)",
             path.display()
@@ -197,17 +199,38 @@ fn unsupported_architecture_is_named_before_the_tokenizer_loads() {
     let arch = src.windows(5).position(|w| w == b"gemma").unwrap();
     src[arch..arch + 5].copy_from_slice(b"llama");
     std::fs::write(&path, &src).unwrap();
-    let e = LoadedModel::load(&path, None, &mut |_, _| {})
-        .err()
-        .unwrap()
-        .to_string();
     assert_eq!(
-        e,
+        load_error(&path),
         format!(
             "cannot load tokenizer: {}: unsupported tokenizer model `none`",
             path.display()
         )
     );
+}
+
+/// The bench refuses configs over different targets by comparing their paths, and models are
+/// loaded once per path: one file named two ways must give one path.
+#[test]
+fn one_model_file_named_two_ways_is_one_path() {
+    let models = models_dir();
+    let named = |path: &str| {
+        RawConfig::parse(&format!("[target]\nmodel = \"{path}\"\n"), "t")
+            .unwrap()
+            .validate(&models)
+            .unwrap()
+            .target
+            .path
+    };
+    let plain = named("qwen2.5-coder-1.5b-instruct-q4_k_m.gguf");
+    let dir = models.file_name().unwrap().to_str().unwrap();
+    assert_eq!(
+        named(&format!(
+            "../{dir}/./qwen2.5-coder-1.5b-instruct-q4_k_m.gguf"
+        )),
+        plain
+    );
+    let absolute = models.join("qwen2.5-coder-1.5b-instruct-q4_k_m.gguf");
+    assert_eq!(named(absolute.to_str().unwrap()), plain);
 }
 
 #[test]

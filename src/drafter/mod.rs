@@ -17,6 +17,7 @@ pub use neural::NeuralDrafter;
 pub use vertical::VerticalCascade;
 
 use crate::error::Result;
+use crate::review::ReviewCounts;
 use crate::sampling::{Dist, Sampling};
 use rand::rngs::StdRng;
 use serde::Serialize;
@@ -58,10 +59,9 @@ pub struct NodeStats {
     pub model: Option<String>,
     /// Forward passes of this node's own model (drafting or reviewing).
     pub forward_calls: usize,
-    /// For a reviewing node: how often its inner drafter proposed a token at each draft
-    /// position, and how often this node accepted it.
-    pub drafted_at: Vec<usize>,
-    pub accepted_at: Vec<usize>,
+    /// For a reviewing node: its reviews of the inner drafter's proposals, by position.
+    #[serde(flatten)]
+    pub reviews: ReviewCounts,
     pub children: Vec<NodeStats>,
 }
 
@@ -72,6 +72,12 @@ impl NodeStats {
             *into.entry(m.clone()).or_default() += self.forward_calls;
         }
         self.children.iter().for_each(|c| c.model_calls(into));
+    }
+
+    /// Calls `f` on this node and every node below it, parents first.
+    pub fn visit(&self, f: &mut dyn FnMut(&NodeStats)) {
+        f(self);
+        self.children.iter().for_each(|c| c.visit(f));
     }
 }
 

@@ -1,10 +1,9 @@
 //! Vertical cascade: a drafter that is itself a speculative decoder.
 
 use super::{Draft, Drafter, NodeStats};
-use crate::engine::record_positions;
 use crate::error::Result;
 use crate::model::Model;
-use crate::review::review_emitting;
+use crate::review::{review_emitting, ReviewCounts};
 use crate::sampling::Sampling;
 use crate::verifier::Verifier;
 use rand::rngs::StdRng;
@@ -26,8 +25,7 @@ pub struct VerticalCascade {
     inner_k: usize,
     lenience: f32,
     report_reviewer: bool,
-    drafted_at: Vec<usize>,
-    accepted_at: Vec<usize>,
+    reviews: ReviewCounts,
 }
 
 impl VerticalCascade {
@@ -45,8 +43,7 @@ impl VerticalCascade {
             inner_k: inner_k.max(1),
             lenience,
             report_reviewer: false,
-            drafted_at: Vec::new(),
-            accepted_at: Vec::new(),
+            reviews: ReviewCounts::default(),
         }
     }
 
@@ -85,12 +82,7 @@ impl Drafter for VerticalCascade {
                 self.lenience,
                 rng,
             );
-            record_positions(
-                &mut self.drafted_at,
-                &mut self.accepted_at,
-                proposal.len(),
-                verdict.accepted,
-            );
+            self.reviews.record(proposal.len(), verdict.accepted);
             self.reviewer.settle(seq.len() + verdict.accepted);
             let tokens = proposal.tokens[..verdict.accepted]
                 .iter()
@@ -118,8 +110,7 @@ impl Drafter for VerticalCascade {
 
     fn start(&mut self, prompt: &[u32]) -> Result<()> {
         self.reviewer.reset();
-        self.drafted_at.clear();
-        self.accepted_at.clear();
+        self.reviews = ReviewCounts::default();
         self.reviewer.prepare(prompt)?;
         self.inner.start(prompt)
     }
@@ -130,8 +121,7 @@ impl Drafter for VerticalCascade {
             kind: "vertical".into(),
             model: Some(self.reviewer.model().name().to_string()),
             forward_calls: self.reviewer.calls,
-            drafted_at: self.drafted_at.clone(),
-            accepted_at: self.accepted_at.clone(),
+            reviews: self.reviews.clone(),
             children: vec![self.inner.stats()],
         }
     }

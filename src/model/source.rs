@@ -35,7 +35,8 @@ impl ModelSource {
                     base.join(p)
                 };
                 if p.is_file() {
-                    Ok(p)
+                    // One file, one path: configs that name it differently share one load.
+                    Ok(std::fs::canonicalize(&p).unwrap_or(p))
                 } else {
                     Err(Error::ModelNotFound(p))
                 }

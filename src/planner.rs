@@ -1,0 +1,419 @@
+//! `cascade plan`: draft lengths, schedules and K matrices from what a bench report measured.
+//!
+//! Every review in a config's tree is planned with the same formula, because it is the same
+//! operation: the target reviewing its draft, and each vertical cascade's reviewer reviewing
+//! its inner drafter's. For a review level, the draft under it is split between drafters
+//! (one drafter, or a horizontal schedule), and each split is rated by CS Drafting's
+//! Theorem 4.1 with this machine's costs ([`theory::split_improvement`]): the acceptance `a_i`
+//! and fill measured per position under the current split, the reviewer's measured forward
+//! cost `c r(x)` for the `x` tokens it scores, and what the drafters cost.
+//!
+//! Levels are planned bottom-up. A vertical cascade's cost of emitting `n` tokens
+//! ([`theory::emission_costs`]) under its best inner split becomes the cost of its part at
+//! the level above; its inner split is chosen for the share of positions that level gives it
+//! now.
+
+use crate::bench::{interpolate, Report, RunRecord};
+use crate::config::{file_label, DrafterNode, DrafterPlan, ModelPlan, Plan, RawConfig, RawDrafter};
+use crate::error::{Error, Result};
+use crate::review::ReviewCounts;
+use crate::theory::{self, Segment};
+use std::path::Path;
+
+/// The plan for one review level.
+#[derive(Clone, Debug)]
+pub struct LevelPlan {
+    /// The reviewing node (`target`, or a vertical cascade's name).
+    pub reviewer: String,
+    /// The draft node under it, and the names of its parts (one for a single drafter).
+    pub draft: String,
+    pub parts: Vec<String>,
+    pub segments: Vec<Segment>,
+    pub current: Vec<usize>,
+    /// At the target: predicted speedup. Inside the tree: target calls per emitted token for
+    /// the share the level above gives this cascade (lower is better).
+    pub rating: Rating,
+    /// Splits, best first, with their rating with verify = 1 call (the papers) and with the
+    /// measured verify cost.
+    pub ranked: Vec<(Vec<usize>, f64, f64)>,
+    /// The current split's rating with the measured verify cost.
+    pub current_value: f64,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Rating {
+    Speedup,
+    /// Cost per emitted token, for a share of `n` tokens.
+    CostPerToken {
+        share: usize,
+    },
+}
+
+impl LevelPlan {
+    pub fn best(&self) -> &[usize] {
+        &self.ranked[0].0
+    }
+}
+
+/// What a bench report measured for one config.
+pub struct Measured<'a> {
+    report: &'a Report,
+    runs: Vec<&'a RunRecord>,
+}
+
+impl<'a> Measured<'a> {
+    pub fn new(report: &'a Report, label: &str) -> Result<Self> {
+        let runs: Vec<&RunRecord> = report.runs.iter().filter(|r| r.config == label).collect();
+        if runs.is_empty() {
+            return Err(Error::Plan(format!(
+                "the report has no results for config `{label}`"
+            )));
+        }
+        if runs.iter().all(|r| r.drafted == 0) {
+            return Err(Error::Plan(format!(
+                "config `{label}` drafted nothing in the report: nothing to plan from"
+            )));
+        }
+        Ok(Self { report, runs })
+    }
+
+    fn target_reviews(&self) -> ReviewCounts {
+        let mut c = ReviewCounts::default();
+        self.runs.iter().for_each(|r| c.add(&r.target));
+        c
+    }
+
+    fn level_reviews(&self, node: &str) -> ReviewCounts {
+        let mut c = ReviewCounts::default();
+        for l in self.runs.iter().flat_map(|r| &r.levels) {
+            if l.node == node {
+                c.add(&l.reviews);
+            }
+        }
+        c
+    }
+
+    /// A model's measured cost c and its forward cost points r(k).
+    fn cost(&self, model: &ModelPlan) -> Result<(f64, &'a [(usize, f64)])> {
+        let name = file_label(&model.path);
+        let m = self.report.models.iter().find(|m| m.model == name);
+        let m = m.ok_or_else(|| Error::Plan(format!("the report has no cost for `{name}`")))?;
+        let r = &m.forward_cost;
+        if r.len() < 2 || r[0] != (1, 1.0) || r.windows(2).any(|w| w[0].0 >= w[1].0) {
+            return Err(Error::Plan(format!(
+                "the report's forward_cost of `{name}` must be (1, 1.0) then points of increasing k"
+            )));
+        }
+        Ok((m.c_measured, r))
+    }
+}
+
+/// Plans every review level of `plan` (bottom-up; the target's last) for drafts of at most
+/// `max_k` tokens.
+pub fn plan_levels(m: &Measured, plan: &Plan, max_k: usize) -> Result<Vec<LevelPlan>> {
+    let drafter = plan
+        .drafter
+        .as_ref()
+        .ok_or_else(|| Error::Plan("the config has no drafter: nothing to plan".into()))?;
+    let mut levels = Vec::new();
+    let k = plan.options.k;
+    let reviews = m.target_reviews();
+    let (_, verify) = m.cost(&plan.target)?;
+    let level = Level {
+        reviewer: "target".into(),
+        c: 1.0,
+        verify,
+        share: k,
+    };
+    plan_level(m, &level, drafter, k, &reviews, max_k, &mut levels)?;
+    Ok(levels)
+}
+
+/// A reviewer: its name, cost per one-token forward (target calls), r(k), and the number of
+/// tokens the level above wants from it per draft.
+struct Level<'a> {
+    reviewer: String,
+    c: f64,
+    verify: &'a [(usize, f64)],
+    share: usize,
+}
+
+/// A part's costs: drafting `n` tokens with the current settings below it, and with the best.
+struct PartCost {
+    current: Vec<f64>,
+    best: Vec<f64>,
+}
+
+fn plan_level(
+    m: &Measured,
+    level: &Level,
+    draft: &DrafterNode,
+    k: usize,
+    reviews: &ReviewCounts,
+    max_k: usize,
+    out: &mut Vec<LevelPlan>,
+) -> Result<PartCost> {
+    let parts: Vec<(&DrafterNode, usize)> = match &draft.kind {
+        DrafterPlan::Horizontal { parts } => parts.iter().map(|(d, n)| (d, *n)).collect(),
+        _ => vec![(draft, k)],
+    };
+    let current: Vec<usize> = parts.iter().map(|(_, n)| *n).collect();
+    // The measured acceptance and fill, cut at the current split. Beyond a part's measured
+    // positions, its acceptance is the rate pooled over them (not the last position's, which
+    // rests on the fewest reviews).
+    let (accept, fill) = (reviews.chain_acceptance(), reviews.fill());
+    let cut = |v: &[f64], from: usize, n: usize| -> Vec<f64> {
+        let end = (from + n).min(v.len());
+        v[from.min(end)..end].to_vec()
+    };
+    let pooled = |from: usize, n: usize| -> Option<f64> {
+        let at = |i: usize| reviews.accepted_at.get(i).copied().unwrap_or(0) as f64;
+        let before = |i: usize| {
+            if i == 0 {
+                reviews.reviews as f64
+            } else {
+                at(i - 1)
+            }
+        };
+        let range = from..(from + n).min(reviews.accepted_at.len());
+        let tried: f64 = range.clone().map(before).sum();
+        (tried > 0.0).then(|| range.map(at).sum::<f64>() / tried)
+    };
+    let horizon = max_k.max(k);
+    let mut segments_now = Vec::new();
+    let mut segments_best = Vec::new();
+    let mut offset = 0;
+    for (i, &(node, n)) in parts.iter().enumerate() {
+        // A single drafter's measured positions all belong to it.
+        let n = if parts.len() == 1 { accept.len() } else { n };
+        let cost = part_cost(m, node, current[i], horizon, out)?;
+        let mut measured_accept = cut(&accept, offset, n);
+        measured_accept.extend(pooled(offset, n));
+        let seg = |cost: Vec<f64>| Segment {
+            accept: measured_accept.clone(),
+            fill: cut(&fill, offset, n),
+            cost,
+        };
+        segments_now.push(seg(cost.current));
+        segments_best.push(seg(cost.best));
+        offset += n;
+    }
+    let (c, r) = (level.c, level.verify);
+    let measured = move |x: f64| c * interpolate(r, x);
+    let paper = move |_: f64| c;
+    let target = level.reviewer == "target";
+    let rating = if target {
+        Rating::Speedup
+    } else {
+        Rating::CostPerToken {
+            share: level.share.max(1),
+        }
+    };
+    let rate = |segs: &[Segment], counts: &[usize], verify: &dyn Fn(f64) -> f64| -> f64 {
+        match rating {
+            Rating::Speedup => theory::split_improvement(segs, counts, verify),
+            Rating::CostPerToken { share } => {
+                theory::emission_costs(segs, counts, verify, share)[share] / share as f64
+            }
+        }
+    };
+    let mut ranked: Vec<(Vec<usize>, f64, f64)> = theory::splits(parts.len(), max_k)
+        .into_iter()
+        .map(|s| {
+            let p = rate(&segments_best, &s, &paper);
+            let v = rate(&segments_best, &s, &measured);
+            (s, p, v)
+        })
+        .collect();
+    let better = |a: f64, b: f64| {
+        if target {
+            b.total_cmp(&a)
+        } else {
+            a.total_cmp(&b)
+        }
+    };
+    ranked.sort_by(|a, b| better(a.2, b.2));
+    let current_value = rate(&segments_now, &current, &measured);
+    let costs = PartCost {
+        current: theory::emission_costs(&segments_now, &current, &measured, horizon),
+        best: theory::emission_costs(&segments_best, &ranked[0].0, &measured, horizon),
+    };
+    out.push(LevelPlan {
+        reviewer: level.reviewer.clone(),
+        draft: draft.name.clone(),
+        parts: parts.iter().map(|(d, _)| d.name.clone()).collect(),
+        segments: segments_best,
+        current,
+        rating,
+        ranked,
+        current_value,
+    });
+    Ok(costs)
+}
+
+/// What drafting `n` tokens costs a part, for `n` in `0..=horizon` (planning the levels
+/// inside a vertical cascade first).
+fn part_cost(
+    m: &Measured,
+    node: &DrafterNode,
+    share: usize,
+    horizon: usize,
+    out: &mut Vec<LevelPlan>,
+) -> Result<PartCost> {
+    let linear = |c: f64| (0..=horizon).map(|n| n as f64 * c).collect::<Vec<_>>();
+    Ok(match &node.kind {
+        DrafterPlan::Model(model) => {
+            let c = linear(m.cost(model)?.0);
+            PartCost {
+                current: c.clone(),
+                best: c,
+            }
+        }
+        DrafterPlan::Bigram { .. } | DrafterPlan::MaxGram { .. } => PartCost {
+            current: linear(0.0),
+            best: linear(0.0),
+        },
+        DrafterPlan::Vertical {
+            reviewer, inner, k, ..
+        } => {
+            let (c, verify) = m.cost(reviewer)?;
+            let level = Level {
+                reviewer: node.name.clone(),
+                c,
+                verify,
+                share,
+            };
+            let reviews = m.level_reviews(&node.name);
+            plan_level(m, &level, inner, *k, &reviews, horizon, out)?
+        }
+        DrafterPlan::Horizontal { .. } => {
+            return Err(Error::Plan(format!(
+                "`{}`: a horizontal schedule directly inside another is not planned",
+                node.name
+            )))
+        }
+    })
+}
+
+/// Writes the best settings of `levels` into the config document `doc` (parsed from the
+/// file `raw` was read from): draft lengths `k`, schedules, K-matrix rows and `last_k`.
+pub fn write_best(raw: &RawConfig, doc: &mut toml::Value, levels: &[LevelPlan]) -> Result<()> {
+    for l in levels {
+        let best = l.best();
+        let total = best.iter().sum::<usize>() as i64;
+        // The reviewer's draft length.
+        if l.reviewer == "target" {
+            *entry(doc, &["target", "k"])? = total.into();
+        } else if let Some(RawDrafter::Vertical { .. }) = raw.drafters.get(&l.reviewer) {
+            *entry(doc, &["drafters", &l.reviewer, "k"])? = total.into();
+        } else if let Some((name, i, n)) = k_matrix_reviewer(raw, &l.reviewer) {
+            if i == n {
+                *entry(doc, &["drafters", name, "last_k"])? = total.into();
+            } // else the row written below sums to it
+        }
+        // The split.
+        if let Some(RawDrafter::Horizontal { .. }) = raw.drafters.get(&l.draft) {
+            let kept: Vec<toml::Value> = l
+                .parts
+                .iter()
+                .zip(best)
+                .filter(|(_, n)| **n > 0)
+                .map(|(d, n)| toml::Value::Array(vec![d.as_str().into(), (*n as i64).into()]))
+                .collect();
+            *entry(doc, &["drafters", &l.draft, "schedule"])? = toml::Value::Array(kept);
+        } else if let Some((name, row, n)) = k_matrix_level(raw, &l.draft) {
+            // Row `row` (1-based) has columns d_row..d_n and the last drafter.
+            let mut cells = vec![0i64; n + 2 - row];
+            for (part, &count) in l.parts.iter().zip(best) {
+                let col = match k_matrix_reviewer(raw, part) {
+                    Some((_, d, _)) => d - row,
+                    None => n + 1 - row,
+                };
+                cells[col] = count as i64;
+            }
+            let rows = entry(doc, &["drafters", name, "k_matrix"])?;
+            let slot = rows
+                .as_array_mut()
+                .and_then(|r| r.get_mut(row - 1))
+                .ok_or_else(|| Error::Plan(format!("drafters.{name}.k_matrix lacks row {row}")))?;
+            *slot = toml::Value::Array(cells.into_iter().map(toml::Value::from).collect());
+        }
+    }
+    Ok(())
+}
+
+/// Makes the file paths of a config document absolute (relative ones are taken from `base`,
+/// the config's folder), so that the written config works wherever it is written.
+pub fn absolute_paths(doc: &mut toml::Value, base: &Path) {
+    const PATH_KEYS: [&str; 5] = ["model", "tokenizer", "table", "reviewer", "reviewers"];
+    let fix = |v: &mut toml::Value| {
+        if let Some(p) = v.as_str() {
+            let p = base.join(p);
+            let p = std::fs::canonicalize(&p).unwrap_or(p);
+            *v = p.display().to_string().into();
+        } // a table is a hub source
+    };
+    let fix_section = |t: &mut toml::Value| {
+        for key in PATH_KEYS {
+            match t.get_mut(key) {
+                Some(toml::Value::Array(a)) => a.iter_mut().for_each(fix),
+                Some(v) => fix(v),
+                None => {}
+            }
+        }
+    };
+    let Some(doc) = doc.as_table_mut() else {
+        return;
+    };
+    for (name, section) in doc.iter_mut() {
+        match name.as_str() {
+            "target" => fix_section(section),
+            "drafters" => section
+                .as_table_mut()
+                .into_iter()
+                .flat_map(|d| d.iter_mut().map(|(_, v)| v))
+                .for_each(fix_section),
+            _ => {}
+        }
+    }
+}
+
+/// `X.d<i>` of a K-matrix drafter `X` with `n` reviewers: `(X, i, n)`.
+fn k_matrix_reviewer<'r>(raw: &'r RawConfig, node: &str) -> Option<(&'r str, usize, usize)> {
+    k_matrix_node(raw, node, ".d")
+}
+
+/// `X.level<r>` of a K-matrix drafter `X` with `n` reviewers: `(X, r, n)`; `X` itself is
+/// level 1, the target's draft.
+fn k_matrix_level<'r>(raw: &'r RawConfig, node: &str) -> Option<(&'r str, usize, usize)> {
+    match raw.drafters.get_key_value(node) {
+        Some((key, RawDrafter::KMatrix { reviewers, .. })) => Some((key, 1, reviewers.len())),
+        _ => k_matrix_node(raw, node, ".level"),
+    }
+}
+
+fn k_matrix_node<'r>(raw: &'r RawConfig, node: &str, tag: &str) -> Option<(&'r str, usize, usize)> {
+    let (name, i) = node.rsplit_once(tag)?;
+    let (key, d) = raw.drafters.get_key_value(name)?;
+    match d {
+        RawDrafter::KMatrix { reviewers, .. } => Some((key, i.parse().ok()?, reviewers.len())),
+        _ => None,
+    }
+}
+
+/// The value at `path` in a TOML document, created in its table if missing.
+fn entry<'d>(doc: &'d mut toml::Value, path: &[&str]) -> Result<&'d mut toml::Value> {
+    let (last, tables) = path.split_last().expect("a non-empty path");
+    let mut at = doc;
+    for key in tables {
+        at = at
+            .get_mut(*key)
+            .ok_or_else(|| Error::Plan(format!("the config has no [{}]", path[..2].join("."))))?;
+    }
+    let table = at
+        .as_table_mut()
+        .ok_or_else(|| Error::Plan(format!("`{}` is not a table", tables.join("."))))?;
+    Ok(table
+        .entry(last.to_string())
+        .or_insert(toml::Value::Integer(0)))
+}
