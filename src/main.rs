@@ -22,8 +22,8 @@ enum Command {
     Generate(GenerateArgs),
     /// Compare configs on a prompt suite against autoregressive decoding, in one process.
     Bench(BenchArgs),
-    /// Choose the draft length K, or a horizontal cascade's schedule, from a bench report's
-    /// measured acceptance and costs.
+    /// Plan every review of a config's tree (draft lengths, schedules, K-matrix rows) from a
+    /// bench report's measured acceptance and costs, or from a short calibration run.
     Plan(PlanArgs),
     /// Bigram tables for the statistical drafters (bigram, Max-Gram).
     Ngram {
@@ -59,9 +59,10 @@ struct BenchArgs {
 
 #[derive(Args)]
 struct PlanArgs {
-    /// A report.json written by `cascade bench`.
+    /// A report.json written by `cascade bench`. Without it, `plan` first runs a short
+    /// calibration bench of the config (--prompts, --per-category, -n, --out).
     #[arg(short, long)]
-    report: PathBuf,
+    report: Option<PathBuf>,
     /// The config to plan for (its label in the report is the file stem).
     #[arg(short, long)]
     config: PathBuf,
@@ -71,6 +72,18 @@ struct PlanArgs {
     /// Write the config with the best K here (comments are not kept).
     #[arg(long)]
     write: Option<PathBuf>,
+    /// Calibration: the prompt suite.
+    #[arg(long, default_value = "prompts/suite.jsonl", conflicts_with = "report")]
+    prompts: PathBuf,
+    /// Calibration: prompts per category.
+    #[arg(long, default_value_t = 2, conflicts_with = "report")]
+    per_category: usize,
+    /// Calibration: tokens generated per prompt.
+    #[arg(short = 'n', long, default_value_t = 48, conflicts_with = "report")]
+    max_new_tokens: usize,
+    /// Calibration: where its bench report goes (plan again from it with -r).
+    #[arg(long, default_value = "reports/calibration", conflicts_with = "report")]
+    out: PathBuf,
 }
 
 #[derive(Subcommand)]
@@ -557,12 +570,28 @@ fn plan(args: PlanArgs) -> Result<()> {
     if args.max_k == 0 {
         bail!("--max-k must be >= 1");
     }
-    let text = std::fs::read_to_string(&args.report)
-        .with_context(|| format!("cannot read {}", args.report.display()))?;
+    let report_path = match &args.report {
+        Some(path) => path.clone(),
+        None => {
+            eprintln!("no report given: calibrating with a short bench run");
+            bench(BenchArgs {
+                configs: vec![args.config.clone()],
+                prompts: args.prompts.clone(),
+                max_new_tokens: args.max_new_tokens,
+                repeats: 1,
+                warmup: 1,
+                per_category: Some(args.per_category),
+                out: args.out.clone(),
+            })?;
+            args.out.join("report.json")
+        }
+    };
+    let text = std::fs::read_to_string(&report_path)
+        .with_context(|| format!("cannot read {}", report_path.display()))?;
     let report: cascade::bench::Report = serde_json::from_str(&text).with_context(|| {
         format!(
             "{} is not a report of this version of `cascade bench`",
-            args.report.display()
+            report_path.display()
         )
     })?;
     let label = args
@@ -575,7 +604,7 @@ fn plan(args: PlanArgs) -> Result<()> {
     let config = raw.validate(&base)?;
     let measured = planner::Measured::new(&report, &label)?;
     let levels = planner::plan_levels(&measured, &config, args.max_k)?;
-    println!("config {label}, planned from {}:", args.report.display());
+    println!("config {label}, planned from {}:", report_path.display());
     for l in &levels {
         print_level(l);
     }

@@ -459,6 +459,50 @@ fn a_small_bench_run_writes_a_complete_report() {
     assert!(svg.starts_with("<svg") && svg.contains("max-gram"));
 }
 
+/// Without a report, `plan` calibrates with a short bench run of the config, keeps its report,
+/// and plans from it.
+#[test]
+fn plan_without_a_report_calibrates_first() {
+    let _s = serial();
+    let out = tempfile::tempdir().unwrap();
+    let (ok, stdout, err) = cascade(
+        &[
+            "plan",
+            "-c",
+            "configs/speculative.toml",
+            "--per-category",
+            "1",
+            "-n",
+            "8",
+            "--out",
+            out.path().to_str().unwrap(),
+        ],
+        None,
+    );
+    assert!(ok, "{err}");
+    assert!(err.contains("calibrating with a short bench run"), "{err}");
+    assert!(stdout.contains("| speculative |"), "{stdout}");
+    assert!(stdout.contains("target reviews `small`"), "{stdout}");
+    let report: cascade::bench::Report =
+        serde_json::from_str(&std::fs::read_to_string(out.path().join("report.json")).unwrap())
+            .unwrap();
+    assert_eq!(report.runs.len(), 12); // six categories, autoregressive and speculative
+                                       // Calibration settings go with calibration only.
+    let (ok, _, err) = cascade(
+        &[
+            "plan",
+            "-r",
+            "r.json",
+            "-c",
+            "configs/speculative.toml",
+            "-n",
+            "8",
+        ],
+        None,
+    );
+    assert!(!ok && err.contains("cannot be used with"), "{err}");
+}
+
 /// Runs `cascade plan` on the committed bench report for `config`, writing the best settings
 /// to `written`; returns its output and the written document.
 fn plan_and_write(config: &str, max_k: usize, written: &Path) -> (String, toml::Value) {
