@@ -238,41 +238,6 @@ pub enum DrafterPlan {
 }
 
 impl RawConfig {
-    /// File names of the models drafter `name` runs (its tree included), as bench reports
-    /// name them; nothing for unknown names.
-    pub fn model_files(&self, name: &str) -> Vec<String> {
-        let label = |m: &ModelSource| match m {
-            ModelSource::Path(p) => file_label(p),
-            ModelSource::Hub { file, .. } => file_label(Path::new(file)),
-        };
-        let mut out = Vec::new();
-        let mut stack = vec![name];
-        while let Some(n) = stack.pop() {
-            match self.drafters.get(n) {
-                Some(RawDrafter::Model { model, .. }) => out.push(label(model)),
-                Some(RawDrafter::Vertical {
-                    reviewer, draft, ..
-                }) => {
-                    out.push(label(reviewer));
-                    stack.push(draft);
-                }
-                Some(RawDrafter::Horizontal { schedule }) => {
-                    stack.extend(schedule.iter().map(|(d, _)| d.as_str()))
-                }
-                Some(RawDrafter::KMatrix {
-                    reviewers, last, ..
-                }) => {
-                    out.extend(reviewers.iter().map(label));
-                    stack.push(last);
-                }
-                Some(RawDrafter::Bigram { .. } | RawDrafter::MaxGram { .. }) | None => {}
-            }
-        }
-        out.sort();
-        out.dedup();
-        out
-    }
-
     /// Parses TOML text; `origin` names the file in errors.
     pub fn parse(text: &str, origin: &str) -> Result<Self> {
         toml::from_str(text).map_err(|e| Error::config(origin, e.to_string().trim_end()))
