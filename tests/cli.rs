@@ -486,8 +486,9 @@ fn plan_without_a_report_calibrates_first() {
     let report: cascade::bench::Report =
         serde_json::from_str(&std::fs::read_to_string(out.path().join("report.json")).unwrap())
             .unwrap();
-    assert_eq!(report.runs.len(), 12); // six categories, autoregressive and speculative
-                                       // Calibration settings go with calibration only.
+    // One prompt of each of the six categories, autoregressive and speculative.
+    assert_eq!(report.runs.len(), 12);
+    // Calibration settings go with calibration only.
     let (ok, _, err) = cascade(
         &[
             "plan",
