@@ -1,20 +1,26 @@
-//! Forward-pass speed of the project's model code against candle-transformers'
-//! `quantized_qwen2`, side by side in one run on the same GGUF files.
+//! Forward-pass speed of the project's model code, per kernel family, beside candle-transformers'
+//! `quantized_qwen2`, in one run on the same GGUF files.
 //!
-//! Prints decode ms/token for the 1.5B target and the 0.5B draft, and r(k) = time of a
-//! forward over k new tokens / time of one token, for k = 1, 2, 4, 8, 16.
+//! Prints, for the 1.5B target and the 0.5B draft: decode ms/token, r(k) = time of a forward
+//! over k new tokens / time of one token for k = 2, 4, 8, 16, and a 512-token prefill in ms per
+//! token; then c, the draft's decode cost relative to the target's.
 //!
-//! `cargo bench --bench forward` (models from `scripts/fetch-models.sh`);
-//! `CASCADE_BENCH_REPS` sets the repetitions (default 5, the median is reported);
-//! `CASCADE_BENCH_OWN=1` skips candle-transformers (quicker, for kernel work).
+//! `cargo bench --bench forward` (models from `scripts/fetch-models.sh`) runs the kernel family
+//! `CASCADE_KERNELS` names, or the best this CPU runs. Environment:
+//! - `CASCADE_BENCH_KERNELS=all` (or a list such as `avx2,portable`): every family named, the
+//!   timings interleaved so that they share the machine's noise;
+//! - `CASCADE_BENCH_REPS`: repetitions (default 5; the median is reported);
+//! - `CASCADE_BENCH_OWN=1`: skips candle-transformers (quicker, for kernel work);
+//! - `CASCADE_BENCH_PREFILL=0`: skips the prefill.
 
 use candle_core::{Device, Tensor};
-use cascade::model::{LoadedModel, Model};
+use cascade::model::{Kernels, LoadedModel, Model, Transformer};
 use std::path::Path;
 use std::time::Instant;
 
 const CONTEXT: usize = 64;
 const KS: [usize; 5] = [1, 2, 4, 8, 16];
+const PREFILL: usize = 512;
 
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
@@ -26,23 +32,24 @@ fn tokens(n: usize) -> Vec<u32> {
 }
 
 /// Seconds for a forward over k new tokens after a CONTEXT-token prefix, own model.
-fn own(model: &mut dyn Model, k: usize, reps: usize) -> f64 {
+fn own(model: &mut dyn Model, k: usize) -> f64 {
+    model.truncate(CONTEXT);
+    let t = Instant::now();
+    model.forward(&tokens(k)).unwrap();
+    let s = t.elapsed().as_secs_f64();
+    model.truncate(CONTEXT);
+    s
+}
+
+/// Seconds for a PREFILL-token prompt, own model.
+fn prefill(model: &mut dyn Model) -> f64 {
+    model.truncate(0);
+    let t = Instant::now();
+    model.prefill(&tokens(PREFILL)).unwrap();
+    let s = t.elapsed().as_secs_f64();
     model.truncate(0);
     model.prefill(&tokens(CONTEXT)).unwrap();
-    let feed = tokens(k);
-    model.forward(&feed).unwrap(); // warm-up
-    model.truncate(CONTEXT);
-    median(
-        (0..reps)
-            .map(|_| {
-                let t = Instant::now();
-                model.forward(&feed).unwrap();
-                let s = t.elapsed().as_secs_f64();
-                model.truncate(CONTEXT);
-                s
-            })
-            .collect(),
-    )
+    s
 }
 
 /// The same with candle-transformers' quantized_qwen2 (no rollback: rebuild the cache each time).
@@ -72,8 +79,48 @@ fn reference(path: &Path, k: usize, reps: usize) -> f64 {
     median(times)
 }
 
-fn rows_label(n: usize) -> &'static [&'static str] {
-    &["cascade", "candle-transformers"][..n]
+/// The families to run: `CASCADE_BENCH_KERNELS` (`all` or a list), else the detected one.
+fn families() -> Vec<Kernels> {
+    match std::env::var("CASCADE_BENCH_KERNELS").ok().as_deref() {
+        None | Some("") => vec![Kernels::detect().unwrap()],
+        Some("all") => Kernels::supported(),
+        Some(list) => list
+            .split(',')
+            .map(|name| Kernels::from_setting(Some(name)).unwrap())
+            .collect(),
+    }
+}
+
+/// The CPU's model name and the SIMD flags that matter here.
+fn cpu() -> String {
+    let info = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let field = |key: &str| {
+        info.lines()
+            .find(|l| l.starts_with(key))
+            .and_then(|l| l.split(':').nth(1))
+            .map(|v| v.trim().to_string())
+            .unwrap_or_default()
+    };
+    let flags = field("flags");
+    let simd: Vec<&str> = [
+        "avx2",
+        "fma",
+        "f16c",
+        "avx512f",
+        "avx512bw",
+        "avx512_vnni",
+        "avx_vnni",
+    ]
+    .into_iter()
+    .filter(|f| flags.split(' ').any(|x| x == *f))
+    .collect();
+    format!("{} ({})", field("model name"), simd.join(" "))
+}
+
+struct Timings {
+    /// Per k in KS: the forward times.
+    forward: Vec<Vec<f64>>,
+    prefill: Vec<f64>,
 }
 
 fn main() {
@@ -81,6 +128,8 @@ fn main() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(5);
+    let with_prefill = std::env::var("CASCADE_BENCH_PREFILL").as_deref() != Ok("0");
+    let families = families();
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("models");
     let models = [
         (
@@ -92,13 +141,15 @@ fn main() {
             root.join("qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"),
         ),
     ];
+    println!("CPU: {}", cpu());
     println!(
-        "forward over k new tokens after a {CONTEXT}-token context; median of {reps}; {} threads",
+        "forward over k new tokens after a {CONTEXT}-token context; median of {reps}; {} threads; \
+         prefill of {PREFILL} tokens",
         candle_core::utils::get_num_threads()
     );
-    println!("| model | code | decode ms/token | r(2) | r(4) | r(8) | r(16) |");
-    println!("|---|---|---|---|---|---|---|");
-    let mut decode = Vec::new();
+    println!("| model | code | decode ms/token | r(2) | r(4) | r(8) | r(16) | prefill ms/token |");
+    println!("|---|---|---|---|---|---|---|---|");
+    let mut decode: Vec<Vec<(String, f64)>> = Vec::new();
     for (label, path) in &models {
         if !path.is_file() {
             eprintln!(
@@ -107,19 +158,55 @@ fn main() {
             );
             continue;
         }
-        let loaded = LoadedModel::load(path, None, &mut |_, _| {}).unwrap();
-        let mut m = loaded.instance(label, None);
-        let own_t: Vec<f64> = KS.iter().map(|&k| own(&mut m, k, reps)).collect();
-        drop(m);
-        drop(loaded);
-        let mut rows = vec![("cascade", own_t.clone())];
+        let mut instances: Vec<(Kernels, Transformer)> = families
+            .iter()
+            .map(|&k| {
+                let loaded = LoadedModel::load_with(path, None, k, &mut |_, _| {}).unwrap();
+                let mut m = loaded.instance(label, None);
+                m.prefill(&tokens(CONTEXT)).unwrap();
+                for &k in &KS {
+                    own(&mut m, k); // warm-up
+                }
+                (k, m)
+            })
+            .collect();
+        let mut times: Vec<Timings> = families
+            .iter()
+            .map(|_| Timings {
+                forward: vec![Vec::new(); KS.len()],
+                prefill: Vec::new(),
+            })
+            .collect();
+        // Interleaved: every family and k in each repetition.
+        for rep in 0..reps {
+            for ((_, m), t) in instances.iter_mut().zip(&mut times) {
+                for (i, &k) in KS.iter().enumerate() {
+                    t.forward[i].push(own(m, k));
+                }
+                // Prefill is slow on the portable path: a third of the repetitions.
+                if with_prefill && rep % 3 == 0 {
+                    t.prefill.push(prefill(m));
+                }
+            }
+        }
+        let mut rows: Vec<(String, Vec<f64>, Option<f64>)> = instances
+            .iter()
+            .zip(&times)
+            .map(|((k, _), t)| {
+                let f = t.forward.iter().cloned().map(median).collect();
+                let p = (!t.prefill.is_empty()).then(|| median(t.prefill.clone()));
+                (format!("cascade, {k}"), f, p)
+            })
+            .collect();
+        drop(instances);
         if std::env::var("CASCADE_BENCH_OWN").is_err() {
             let ref_t = KS.iter().map(|&k| reference(path, k, reps)).collect();
-            rows.push(("candle-transformers", ref_t));
+            rows.push(("candle-transformers".into(), ref_t, None));
         }
-        for (code, t) in &rows {
+        for (code, t, p) in &rows {
+            let p = p.map_or("-".into(), |p| format!("{:.1}", p * 1e3 / PREFILL as f64));
             println!(
-                "| {label} | {code} | {:.1} | {:.2} | {:.2} | {:.2} | {:.2} |",
+                "| {label} | {code} | {:.1} | {:.2} | {:.2} | {:.2} | {:.2} | {p} |",
                 t[0] * 1e3,
                 t[1] / t[0],
                 t[2] / t[0],
@@ -127,17 +214,21 @@ fn main() {
                 t[4] / t[0]
             );
         }
-        decode.push(rows.iter().map(|(_, t)| t[0]).collect::<Vec<_>>());
+        decode.push(
+            rows.iter()
+                .map(|(code, t, _)| (code.clone(), t[0]))
+                .collect(),
+        );
     }
     if let [target, draft] = &decode[..] {
-        let c: Vec<String> = rows_label(target.len())
+        let c: Vec<String> = target
             .iter()
-            .zip(draft.iter().zip(target))
-            .map(|(code, (d, t))| format!("{code} {:.2}", d / t))
+            .zip(draft)
+            .map(|((code, t), (_, d))| format!("{code} {:.2}", d / t))
             .collect();
         println!(
             "\ncost of the 0.5B draft relative to the 1.5B target (c): {}",
-            c.join(", ")
+            c.join("; ")
         );
     }
 }

@@ -1,6 +1,7 @@
 //! Opening GGUF files: header, metadata and tensors, with errors that say what is wrong.
 
 use crate::error::{Error, Result};
+use crate::model::kernels::Kernels;
 use crate::model::qweight::QWeight;
 use candle_core::quantized::gguf_file::{Content, Value};
 use std::fs::File;
@@ -88,7 +89,8 @@ impl GgufFile {
         self.content.tensor_infos.contains_key(name)
     }
 
-    pub fn tensor(&mut self, name: &str) -> Result<QWeight> {
+    /// Reads tensor `name`, packed for the `kernels` family.
+    pub fn tensor(&mut self, name: &str, kernels: Kernels) -> Result<QWeight> {
         let info = self
             .content
             .tensor_infos
@@ -102,6 +104,7 @@ impl GgufFile {
             self.content.tensor_data_offset,
             name,
             info,
+            kernels,
         )
         .map_err(|e| match e {
             Error::BadModelFile { reason, .. } => self.bad(reason),

@@ -24,10 +24,6 @@ impl KvCache {
         self.len
     }
 
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
     /// Appends `k` and `v` (whole rows of `kv_heads * head_dim`) to `layer`.
     /// The new length takes effect with [`KvCache::commit`] once every layer has appended.
     pub fn append(&mut self, layer: usize, k: &[f32], v: &[f32]) {

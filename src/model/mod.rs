@@ -1,10 +1,10 @@
 //! Models that can verify: a forward pass returns logits for every fed position, and the
 //! KV cache can be rolled back after a rejected draft.
 
-pub mod gguf;
-pub mod kernels;
-pub mod kv_cache;
-pub mod qweight;
+pub(crate) mod gguf;
+mod kernels;
+mod kv_cache;
+mod qweight;
 pub mod source;
 pub mod transformer;
 
@@ -14,6 +14,7 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+pub use kernels::{Kernels, KERNELS_ENV};
 pub use source::ModelSource;
 pub use transformer::{Transformer, Weights};
 
@@ -86,16 +87,27 @@ pub struct LoadedModel {
 }
 
 impl LoadedModel {
-    /// Loads a GGUF file; `progress(done, total)` is called as layers are read.
+    /// Loads a GGUF file for the kernels [`Kernels::detect`] picks; `progress(done, total)` is
+    /// called as layers are read.
     pub fn load(
         path: &Path,
         tokenizer_json: Option<&Path>,
         progress: &mut dyn FnMut(usize, usize),
     ) -> Result<Self> {
+        Self::load_with(path, tokenizer_json, Kernels::detect()?, progress)
+    }
+
+    /// Loads a GGUF file with its weights packed for `kernels`.
+    pub fn load_with(
+        path: &Path,
+        tokenizer_json: Option<&Path>,
+        kernels: Kernels,
+        progress: &mut dyn FnMut(usize, usize),
+    ) -> Result<Self> {
         let mut file = gguf::GgufFile::open(path)?;
         transformer::Config::from_gguf(&file)?; // an unsupported architecture fails first
         let tokenizer = Tokenizer::load(&file, tokenizer_json)?;
-        let weights = Arc::new(Weights::load(&mut file, progress)?);
+        let weights = Arc::new(Weights::load(&mut file, kernels, progress)?);
         Ok(Self {
             path: path.to_path_buf(),
             weights,

@@ -2,15 +2,15 @@
 //!
 //! A forward over k tokens must give, bit for bit, the logits of k one-token forwards: greedy
 //! speculative decoding then equals greedy autoregressive decoding by construction, not by
-//! luck with near-ties. Both kernels keep that property:
-//! - [`kernels`](super::kernels) (Q4_K, Q6_K, Q5_0, Q8_0 repacked at load time, on CPUs with
-//!   AVX-512 VNNI) unpack each weight block once for all activation rows, which is what makes
-//!   verifying k draft tokens cheaper than k decode steps;
+//! luck with near-ties. Both paths keep that property:
+//! - [`kernels`](super::kernels) (Q4_K, Q6_K, Q5_0, Q8_0, Q4_0 and Q4_1 repacked at load
+//!   time, on CPUs with AVX2 or AVX-512 VNNI) unpack each weight block once for all activation
+//!   rows, which is what makes verifying k draft tokens cheaper than k decode steps;
 //! - otherwise candle's `vec_dot`: every output element is one dot product of a weight row
 //!   with one quantized activation row, the same function whatever the number of rows.
 
 use crate::error::{Error, Result};
-use crate::model::kernels;
+use crate::model::kernels::{self, Kernels, Source};
 use candle_core::quantized::gguf_file::TensorInfo;
 use candle_core::quantized::k_quants::{self, GgmlType};
 use candle_core::quantized::GgmlDType;
@@ -62,15 +62,15 @@ pub struct QWeight {
 enum Storage {
     /// As in the file (after any widening), multiplied by candle's `vec_dot`.
     Candle(Blocks),
-    /// Repacked for the fast kernels (Q4_K, Q6_K, Q5_0 and Q8_0, where the CPU runs them).
+    /// Repacked for a family of fast kernels.
     Packed(kernels::Packed),
 }
 
 impl QWeight {
-    /// Reads tensor `name` described by `info` from a GGUF file.
+    /// Reads tensor `name` described by `info` from a GGUF file, for the `kernels` family.
     ///
-    /// Where the fast kernels run, Q4_K, Q6_K, Q5_0 and Q8_0 weights are repacked for them.
-    /// Elsewhere Q5_0 is widened losslessly to Q8_0: a Q5_0 value is a 5-bit integer times the
+    /// With a fast family, Q4_K, Q6_K, Q5_0, Q8_0, Q4_0 and Q4_1 weights are repacked for it.
+    /// With the portable one, Q5_0 is widened losslessly to Q8_0: a Q5_0 value is a 5-bit integer times the
     /// block scale, which Q8_0 holds exactly with the same scale, and candle's Q8_0 dot product
     /// is SIMD where its Q5_0 one is scalar (the 0.5B draft would be slower than the target).
     pub fn read<R: Read + Seek>(
@@ -78,6 +78,7 @@ impl QWeight {
         data_offset: u64,
         name: &str,
         info: &TensorInfo,
+        kernels: Kernels,
     ) -> Result<Self> {
         let dims = info.shape.dims();
         let (rows, cols) = match *dims {
@@ -112,12 +113,15 @@ impl QWeight {
             GgmlDType::Q6K => Blocks::Q6K(read_blocks(reader, n_blocks)?),
             other => return Err(bad(format!("tensor {name}: unsupported type {other:?}"))),
         };
-        let fast = kernels::available();
+        let packed = |source| Storage::Packed(kernels::Packed::new(source, cols, kernels));
+        let fast = kernels != Kernels::Portable;
         let storage = match blocks {
-            Blocks::Q4K(b) if fast => Storage::Packed(kernels::Packed::q4k(&b)),
-            Blocks::Q6K(b) if fast => Storage::Packed(kernels::Packed::q6k(&b)),
-            Blocks::Q5_0(b) if fast => Storage::Packed(kernels::Packed::q5_0(&b, cols)),
-            Blocks::Q8_0(b) if fast => Storage::Packed(kernels::Packed::q8_0(&b, cols)),
+            Blocks::Q4K(b) if fast => packed(Source::Q4K(&b)),
+            Blocks::Q6K(b) if fast => packed(Source::Q6K(&b)),
+            Blocks::Q5_0(b) if fast => packed(Source::Q5_0(&b)),
+            Blocks::Q8_0(b) if fast => packed(Source::Q8_0(&b)),
+            Blocks::Q4_0(b) if fast => packed(Source::Q4_0(&b)),
+            Blocks::Q4_1(b) if fast => packed(Source::Q4_1(&b)),
             Blocks::Q5_0(b) => Storage::Candle(Blocks::Q8_0(widen_q5_0(&b))),
             blocks => Storage::Candle(blocks),
         };

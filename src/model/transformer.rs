@@ -7,6 +7,7 @@
 
 use crate::error::{Error, Result};
 use crate::model::gguf::GgufFile;
+use crate::model::kernels::Kernels;
 use crate::model::kv_cache::KvCache;
 use crate::model::qweight::QWeight;
 use crate::model::{Logits, Model};
@@ -86,6 +87,8 @@ struct Layer {
 /// Immutable weights, shared (through `Arc`) by every model instance that uses them.
 pub struct Weights {
     pub config: Config,
+    /// The matmul kernels the weights are packed for.
+    pub kernels: Kernels,
     embeddings: QWeight,
     layers: Vec<Layer>,
     out_norm: Vec<f32>,
@@ -95,9 +98,13 @@ pub struct Weights {
 }
 
 impl Weights {
-    pub fn load(f: &mut GgufFile, mut progress: impl FnMut(usize, usize)) -> Result<Self> {
+    pub fn load(
+        f: &mut GgufFile,
+        kernels: Kernels,
+        mut progress: impl FnMut(usize, usize),
+    ) -> Result<Self> {
         let config = Config::from_gguf(f)?;
-        let embeddings = f.tensor("token_embd.weight")?;
+        let embeddings = f.tensor("token_embd.weight", kernels)?;
         let mut layers = Vec::with_capacity(config.layers);
         for i in 0..config.layers {
             progress(i, config.layers);
@@ -105,30 +112,30 @@ impl Weights {
             let bias = |f: &mut GgufFile, t: &str| -> Result<Option<Vec<f32>>> {
                 let n = name(t);
                 Ok(if f.has_tensor(&n) {
-                    Some(f.tensor(&n)?.to_vec())
+                    Some(f.tensor(&n, kernels)?.to_vec())
                 } else {
                     None
                 })
             };
             layers.push(Layer {
-                attn_norm: f.tensor(&name("attn_norm.weight"))?.to_vec(),
-                wq: f.tensor(&name("attn_q.weight"))?,
-                wk: f.tensor(&name("attn_k.weight"))?,
-                wv: f.tensor(&name("attn_v.weight"))?,
+                attn_norm: f.tensor(&name("attn_norm.weight"), kernels)?.to_vec(),
+                wq: f.tensor(&name("attn_q.weight"), kernels)?,
+                wk: f.tensor(&name("attn_k.weight"), kernels)?,
+                wv: f.tensor(&name("attn_v.weight"), kernels)?,
                 bias_q: bias(f, "attn_q.bias")?,
                 bias_k: bias(f, "attn_k.bias")?,
                 bias_v: bias(f, "attn_v.bias")?,
-                wo: f.tensor(&name("attn_output.weight"))?,
-                ffn_norm: f.tensor(&name("ffn_norm.weight"))?.to_vec(),
-                gate: f.tensor(&name("ffn_gate.weight"))?,
-                up: f.tensor(&name("ffn_up.weight"))?,
-                down: f.tensor(&name("ffn_down.weight"))?,
+                wo: f.tensor(&name("attn_output.weight"), kernels)?,
+                ffn_norm: f.tensor(&name("ffn_norm.weight"), kernels)?.to_vec(),
+                gate: f.tensor(&name("ffn_gate.weight"), kernels)?,
+                up: f.tensor(&name("ffn_up.weight"), kernels)?,
+                down: f.tensor(&name("ffn_down.weight"), kernels)?,
             });
         }
         progress(config.layers, config.layers);
-        let out_norm = f.tensor("output_norm.weight")?.to_vec();
+        let out_norm = f.tensor("output_norm.weight", kernels)?.to_vec();
         let output = if f.has_tensor("output.weight") {
-            Some(f.tensor("output.weight")?)
+            Some(f.tensor("output.weight", kernels)?)
         } else {
             None
         };
@@ -142,6 +149,7 @@ impl Weights {
             .collect();
         Ok(Self {
             config,
+            kernels,
             embeddings,
             layers,
             out_norm,

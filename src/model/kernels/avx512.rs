@@ -1,0 +1,331 @@
+//! AVX-512 VNNI kernels: one `vpdpbusd` (64 multiply-adds) per 64-byte vector.
+//!
+//! Per 256-value block and activation row: four `vpdpbusd`, one conversion and two fused
+//! multiply-adds, with the scales applied per 32-bit lane after the integer sums. Weight
+//! blocks are unpacked once for all activation rows; above [`PAIR_ABOVE`] rows, weight rows go
+//! in pairs so that each activation vector is loaded once for both.
+
+use super::layout::{f16_to_f32, PackedQ4K, PackedQ5_0, PackedQ6K, PackedQ8_0, QK};
+use super::{for_each_output, prefetch, Tile, MAX_ROWS};
+use std::arch::x86_64::*;
+use std::ops::Range;
+
+/// True if this CPU has the instructions these kernels use.
+pub(super) fn supported() -> bool {
+    is_x86_feature_detected!("avx512f")
+        && is_x86_feature_detected!("avx512bw")
+        && is_x86_feature_detected!("avx512vnni")
+        && is_x86_feature_detected!("avx2")
+}
+
+/// `dst[m x n] = lhs[m x k] x Wᵀ` for `n` weight rows of `k.div_ceil(256)` blocks each.
+///
+/// # Safety
+/// The CPU must have AVX-512 F, BW and VNNI ([`supported`]). Slice lengths are checked.
+pub(super) unsafe fn matmul<B: Unpack + Sync>(
+    w: &[B],
+    (m, k, n): (usize, usize, usize),
+    lhs: &[f32],
+    dst: &mut [f32],
+) {
+    let kb = k.div_ceil(QK);
+    assert!(w.len() >= n * kb && lhs.len() == m * k);
+    let acts = ActBlock::quantize(lhs, m, k);
+    for_each_output(m, n, dst, |js, r0, rows, out| {
+        // SAFETY: the caller guarantees the CPU features; `js` is within the `n` rows of `w`
+        // (checked above) and rows `r0..r0 + rows` within the `m` quantized rows.
+        unsafe { packed_tile(w, js, &acts[r0 * kb..], kb, rows, out) }
+    });
+}
+
+/// 256 activations quantized to 8 bits with one scale (as candle's Q8_K, up to the sign
+/// convention and rounding ties), in the kernel layout, with the sum of each 16-value group
+/// times the scale (for the mins and offsets).
+#[repr(C, align(64))]
+struct ActBlock {
+    qs: [i8; QK],
+    sums: [f32; 16],
+    d: f32,
+}
+
+impl ActBlock {
+    /// Quantizes `m` rows of `k` values, block by block (a row's last block padded with zeros,
+    /// as the weights are).
+    ///
+    /// # Safety
+    /// The CPU must have AVX-512 F and BW.
+    unsafe fn quantize(lhs: &[f32], m: usize, k: usize) -> Vec<ActBlock> {
+        let mut out = Vec::with_capacity(m * k.div_ceil(QK));
+        for row in lhs.chunks_exact(k) {
+            for x in row.chunks(QK) {
+                let mut padded = [0f32; QK];
+                padded[..x.len()].copy_from_slice(x);
+                // SAFETY: the caller guarantees the CPU features.
+                out.push(unsafe { Self::quantize_block(&padded) });
+            }
+        }
+        out
+    }
+
+    /// # Safety
+    /// The CPU must have AVX-512 F and BW.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2")]
+    unsafe fn quantize_block(x: &[f32; QK]) -> ActBlock {
+        let p = x.as_ptr();
+        let mut amax = _mm512_setzero_ps();
+        for g in 0..16 {
+            amax = _mm512_max_ps(amax, _mm512_abs_ps(_mm512_loadu_ps(p.add(16 * g))));
+        }
+        let amax = _mm512_reduce_max_ps(amax);
+        let mut block = ActBlock {
+            qs: [0; QK],
+            sums: [0.0; 16],
+            d: amax / 127.0,
+        };
+        if amax == 0.0 {
+            return block;
+        }
+        let iscale = _mm512_set1_ps(127.0 / amax);
+        // Group g (values 16g..16g + 16) becomes lane g of the four vectors: 4 bytes in each.
+        let lanes = block.qs.as_mut_ptr() as *mut u32;
+        for g in 0..16 {
+            let v = _mm512_mul_ps(_mm512_loadu_ps(p.add(16 * g)), iscale);
+            let q = _mm512_cvt_roundps_epi32(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+            let bytes: [u32; 4] = std::mem::transmute(_mm512_cvtsepi32_epi8(q));
+            for (z, b) in bytes.into_iter().enumerate() {
+                *lanes.add(16 * z + g) = b;
+            }
+            block.sums[g] = _mm512_reduce_add_epi32(q) as f32 * block.d;
+        }
+        block
+    }
+}
+
+/// A repacked block unpacked into registers: the four value vectors (unsigned bytes), and per
+/// 32-bit lane the scale of its values and the offset to subtract per unit of activation sum.
+pub(super) trait Unpack {
+    /// # Safety
+    /// The CPU must have AVX-512 F, BW and VNNI.
+    unsafe fn unpack(&self) -> ([__m512i; 4], __m512, __m512);
+}
+
+/// The low four bits of 256 values, stored as the layout's nibbles, as the four vectors.
+///
+/// # Safety
+/// The CPU must have AVX-512 F and BW.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2")]
+unsafe fn nibbles(qs: &[u8; 128]) -> [__m512i; 4] {
+    let m4 = _mm512_set1_epi8(0x0f);
+    let [lo, hi] = [0, 64].map(|o| _mm512_loadu_si512(qs.as_ptr().add(o) as *const _));
+    [
+        _mm512_and_si512(lo, m4),
+        _mm512_and_si512(_mm512_srli_epi16(lo, 4), m4),
+        _mm512_and_si512(hi, m4),
+        _mm512_and_si512(_mm512_srli_epi16(hi, 4), m4),
+    ]
+}
+
+/// Lane indices `l / 2`: one entry per 32 values spread over the two 16-value lanes.
+///
+/// # Safety
+/// The CPU must have AVX-512 F.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2")]
+unsafe fn halves() -> __m512i {
+    _mm512_set_epi32(7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0)
+}
+
+impl Unpack for PackedQ4K {
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2")]
+    unsafe fn unpack(&self) -> ([__m512i; 4], __m512, __m512) {
+        let w = nibbles(&self.qs);
+        // Scales then mins, one per 32 values: lane l takes entry l / 2.
+        let sm = _mm512_cvtepu8_epi32(_mm_loadu_si128(self.scales.as_ptr() as *const _));
+        let pair = |first: i32| {
+            let idx = _mm512_add_epi32(halves(), _mm512_set1_epi32(first));
+            _mm512_cvtepi32_ps(_mm512_permutexvar_epi32(idx, sm))
+        };
+        let scale = _mm512_mul_ps(_mm512_set1_ps(f16_to_f32(self.d)), pair(0));
+        let offset = _mm512_mul_ps(_mm512_set1_ps(f16_to_f32(self.dmin)), pair(8));
+        (w, scale, offset)
+    }
+}
+
+impl Unpack for PackedQ6K {
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2")]
+    unsafe fn unpack(&self) -> ([__m512i; 4], __m512, __m512) {
+        let (low, m30) = (nibbles(&self.ql), _mm512_set1_epi8(0x30));
+        // Bits 4-5 of vector z are bits 2z..2z + 2 of `qh`: move them to bits 4-5.
+        let h = _mm512_loadu_si512(self.qh.as_ptr() as *const _);
+        let high = [
+            _mm512_slli_epi16(h, 4),
+            _mm512_slli_epi16(h, 2),
+            h,
+            _mm512_srli_epi16(h, 2),
+        ];
+        let w = std::array::from_fn(|z| _mm512_or_si512(low[z], _mm512_and_si512(high[z], m30)));
+        let sc = _mm512_cvtepi8_epi32(_mm_loadu_si128(self.scales.as_ptr() as *const _));
+        let scale = _mm512_mul_ps(_mm512_set1_ps(f16_to_f32(self.d)), _mm512_cvtepi32_ps(sc));
+        // Values are stored plus 32.
+        (w, scale, _mm512_mul_ps(scale, _mm512_set1_ps(32.0)))
+    }
+}
+
+/// One scale per 32 values (eight f16s) as one per 16-value lane.
+///
+/// # Safety
+/// The CPU must have AVX-512 F and F16C.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2")]
+unsafe fn lane_scales(d: &[u16; 8]) -> __m512 {
+    let d = _mm512_castps256_ps512(_mm256_cvtph_ps(_mm_loadu_si128(d.as_ptr() as *const _)));
+    _mm512_permutexvar_ps(halves(), d)
+}
+
+impl Unpack for PackedQ5_0 {
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2")]
+    unsafe fn unpack(&self) -> ([__m512i; 4], __m512, __m512) {
+        let (low, sixteen) = (nibbles(&self.qs), _mm512_set1_epi8(16));
+        let w = std::array::from_fn(|z| _mm512_mask_add_epi8(low[z], self.qh[z], low[z], sixteen));
+        let scale = lane_scales(&self.d);
+        // Values are stored plus 16.
+        (w, scale, _mm512_mul_ps(scale, _mm512_set1_ps(16.0)))
+    }
+}
+
+impl Unpack for PackedQ8_0 {
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2")]
+    unsafe fn unpack(&self) -> ([__m512i; 4], __m512, __m512) {
+        let q = self.qs.as_ptr() as *const __m512i;
+        let w = std::array::from_fn(|z| _mm512_loadu_si512(q.add(z)));
+        let scale = lane_scales(&self.d);
+        // Values are stored plus 128.
+        (w, scale, _mm512_mul_ps(scale, _mm512_set1_ps(128.0)))
+    }
+}
+
+/// Activation rows above which weight rows go in pairs (measured: slower at 4 rows, even at 8,
+/// 20% faster at 16).
+const PAIR_ABOVE: usize = 8;
+
+/// Repacked weight rows `js` (each `kb` blocks of `w`) against `rows` activation rows
+/// (`acts[r * kb + b]`), block by block. With many activation rows, weight rows go in pairs so
+/// that each activation vector is loaded once for both; every (weight row, activation row)
+/// pair goes through the same operations either way.
+///
+/// # Safety
+/// The CPU must have AVX-512 F, BW and VNNI. Slices are indexed with bounds checks.
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2")]
+unsafe fn packed_tile<B: Unpack>(
+    w: &[B],
+    js: Range<usize>,
+    acts: &[ActBlock],
+    kb: usize,
+    rows: usize,
+    out: &mut Tile,
+) {
+    let (first, n) = (js.start, js.len());
+    let mut i = 0;
+    while i < n {
+        let row = |i: usize| &w[(first + i) * kb..(first + i + 1) * kb];
+        if rows > PAIR_ABOVE && i + 1 < n {
+            let [o0, o1] = out.get_disjoint_mut([i, i + 1]).unwrap();
+            two_rows(row(i), row(i + 1), acts, kb, rows, o0, o1);
+            i += 2;
+        } else {
+            one_row(row(i), acts, kb, rows, &mut out[i]);
+            i += 1;
+        }
+    }
+}
+
+/// The sum of one activation block times one weight block, accumulated into `acc`.
+///
+/// # Safety
+/// The CPU must have AVX-512 F and VNNI.
+#[inline(always)]
+unsafe fn block_dot(
+    (wv, scale, offset): &([__m512i; 4], __m512, __m512),
+    av: &[__m512i; 4],
+    a: &ActBlock,
+    acc: __m512,
+) -> __m512 {
+    let mut s = _mm512_setzero_si512();
+    for (wv, av) in wv.iter().zip(av) {
+        s = _mm512_dpbusd_epi32(s, *wv, *av);
+    }
+    // Lane sums are below 2^24, so the conversion is exact.
+    let scaled = _mm512_mul_ps(*scale, _mm512_set1_ps(a.d));
+    let acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), scaled, acc);
+    _mm512_fnmadd_ps(_mm512_load_ps(a.sums.as_ptr()), *offset, acc)
+}
+
+/// # Safety
+/// The CPU must have AVX-512 F (the block is 64-byte aligned by its type).
+#[inline(always)]
+unsafe fn load_act(a: &ActBlock) -> [__m512i; 4] {
+    let q = a.qs.as_ptr() as *const __m512i;
+    std::array::from_fn(|z| _mm512_load_si512(q.add(z)))
+}
+
+/// # Safety
+/// The CPU must have AVX-512 F, BW and VNNI; `acts` holds `rows` rows of `kb` blocks and
+/// `w` one row of `kb` blocks (indexing is checked).
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2")]
+unsafe fn one_row<B: Unpack>(
+    w: &[B],
+    acts: &[ActBlock],
+    kb: usize,
+    rows: usize,
+    out: &mut [f32; MAX_ROWS],
+) {
+    let mut acc = [_mm512_setzero_ps(); MAX_ROWS];
+    for (b, x) in w.iter().enumerate() {
+        prefetch(x);
+        let u = x.unpack();
+        for (r, acc) in acc[..rows].iter_mut().enumerate() {
+            let a = &acts[r * kb + b];
+            *acc = block_dot(&u, &load_act(a), a, *acc);
+        }
+    }
+    for (o, acc) in out[..rows].iter_mut().zip(&acc[..rows]) {
+        *o = _mm512_reduce_add_ps(*acc);
+    }
+}
+
+/// # Safety
+/// As [`one_row`], for two weight rows of `kb` blocks.
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2")]
+unsafe fn two_rows<B: Unpack>(
+    w0: &[B],
+    w1: &[B],
+    acts: &[ActBlock],
+    kb: usize,
+    rows: usize,
+    out0: &mut [f32; MAX_ROWS],
+    out1: &mut [f32; MAX_ROWS],
+) {
+    let mut acc0 = [_mm512_setzero_ps(); MAX_ROWS];
+    let mut acc1 = [_mm512_setzero_ps(); MAX_ROWS];
+    for (b, (x0, x1)) in w0.iter().zip(w1).enumerate() {
+        prefetch(x0);
+        prefetch(x1);
+        let (u0, u1) = (x0.unpack(), x1.unpack());
+        for r in 0..rows {
+            let a = &acts[r * kb + b];
+            let av = load_act(a);
+            acc0[r] = block_dot(&u0, &av, a, acc0[r]);
+            acc1[r] = block_dot(&u1, &av, a, acc1[r]);
+        }
+    }
+    for (out, acc) in [(out0, acc0), (out1, acc1)] {
+        for (o, acc) in out[..rows].iter_mut().zip(&acc[..rows]) {
+            *o = _mm512_reduce_add_ps(*acc);
+        }
+    }
+}

@@ -1,0 +1,436 @@
+//! The kernel layout: GGUF weight blocks repacked at load time so that every 32-bit lane of a
+//! 64-byte vector holds values of a single 16-value group.
+//!
+//! 256 values are four 64-byte vectors; lane `l` (4 bytes) of vector `z` holds values
+//! `16l + 4z .. 16l + 4z + 4`. A group of 16 values shares one scale (and one min or offset)
+//! in every supported format, so a kernel can sum integer products per lane and apply the
+//! scales after. AVX-512 reads a vector in one register; AVX2 reads it as two 32-byte halves
+//! (groups 0-7, then 8-15). Formats with 32-value blocks (Q4_0, Q4_1, Q5_0, Q8_0) are gathered
+//! eight blocks at a time, their rows padded with zero blocks to a multiple of 256 values.
+//!
+//! Everything here is portable code: packing, and dequantizing (bit for bit as candle does,
+//! which the tests check), used for embedding lookups and the references.
+
+use candle_core::quantized::k_quants::{
+    BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ6K, BlockQ8_0,
+};
+use half::f16;
+
+/// Values per K-quant block, and per packed block of every format.
+pub const QK: usize = 256;
+
+// Mirrors of candle's block layouts (its fields are private); sizes are checked in `view`.
+#[repr(C)]
+pub(super) struct Q4K {
+    d: u16,
+    dmin: u16,
+    scales: [u8; 12],
+    qs: [u8; 128],
+}
+#[repr(C)]
+pub(super) struct Q6K {
+    ql: [u8; 128],
+    qh: [u8; 64],
+    scales: [i8; 16],
+    d: u16,
+}
+#[repr(C)]
+pub(super) struct Q8_0 {
+    d: u16,
+    qs: [i8; 32],
+}
+#[repr(C)]
+pub(super) struct Q5_0 {
+    d: u16,
+    qh: [u8; 4],
+    qs: [u8; 16],
+}
+#[repr(C)]
+pub(super) struct Q4_0 {
+    d: u16,
+    qs: [u8; 16],
+}
+#[repr(C)]
+pub(super) struct Q4_1 {
+    d: u16,
+    m: u16,
+    qs: [u8; 16],
+}
+
+/// Reinterprets candle blocks as their mirror (checked at compile time: same size, and the
+/// mirror's alignment no stricter).
+pub(super) fn view<A, B>(a: &[A]) -> &[B] {
+    const {
+        assert!(std::mem::size_of::<A>() == std::mem::size_of::<B>());
+        assert!(std::mem::align_of::<A>() >= std::mem::align_of::<B>());
+    }
+    // SAFETY: same size, compatible alignment (both checked above), both plain bytes valid
+    // for any bit pattern.
+    unsafe { std::slice::from_raw_parts(a.as_ptr() as *const B, a.len()) }
+}
+
+pub(super) fn f16_to_f32(bits: u16) -> f32 {
+    f16::from_bits(bits).to_f32()
+}
+
+/// Where value `v` of a 256-value block lives in the kernel layout: (vector, byte).
+const fn slot(v: usize) -> (usize, usize) {
+    (v % 16 / 4, 4 * (v / 16) + v % 4)
+}
+
+/// A Q4_K block: the nibbles of vector `z` are in `qs[64 * (z / 2)..]`, low nibbles for even
+/// `z`, high for odd; one scale and one min per 32 values, unpacked.
+#[repr(C)]
+pub struct PackedQ4K {
+    pub(super) d: u16,
+    pub(super) dmin: u16,
+    pub(super) scales: [u8; 8],
+    pub(super) mins: [u8; 8],
+    pub(super) qs: [u8; 128],
+}
+
+/// A Q6_K block: the low four bits as in [`PackedQ4K`], bits 4-5 of vector `z` in bits
+/// `2z..2z + 2` of `qh`; values are stored plus 32; one scale per 16 values.
+#[repr(C)]
+pub struct PackedQ6K {
+    pub(super) d: u16,
+    pub(super) scales: [i8; 16],
+    pub(super) ql: [u8; 128],
+    pub(super) qh: [u8; 64],
+}
+
+/// Eight Q5_0 blocks for AVX-512: the low four bits as in [`PackedQ4K`], bit 4 of vector `z`'s
+/// 64 values as the mask `qh[z]` (one bit per byte); values are stored plus 16; one scale per
+/// 32 values.
+#[repr(C)]
+pub struct PackedQ5_0 {
+    pub(super) d: [u16; 8],
+    pub(super) qs: [u8; 128],
+    pub(super) qh: [u64; 4],
+}
+
+/// Eight Q5_0 blocks for AVX2: as [`PackedQ5_0`], but bit 4 in bit planes: bit `4h + z` of
+/// `qh[i]` is bit 4 of the value at byte `32h + i` of vector `z`, so that one load and a shift
+/// per vector recover them.
+#[repr(C)]
+pub struct PackedQ5_0Planes {
+    pub(super) d: [u16; 8],
+    pub(super) qs: [u8; 128],
+    pub(super) qh: [u8; 32],
+}
+
+/// Eight Q8_0 blocks, values stored plus 128; one scale per 32 values.
+#[repr(C)]
+pub struct PackedQ8_0 {
+    pub(super) d: [u16; 8],
+    pub(super) qs: [u8; QK],
+}
+
+/// Eight Q4_0 blocks, nibbles as in [`PackedQ4K`]; values are stored plus 8; one scale per
+/// 32 values.
+#[repr(C)]
+pub struct PackedQ4_0 {
+    pub(super) d: [u16; 8],
+    pub(super) qs: [u8; 128],
+}
+
+/// Eight Q4_1 blocks, nibbles as in [`PackedQ4K`]; value = `d * q + m`, one `d` and one `m`
+/// per 32 values.
+#[repr(C)]
+pub struct PackedQ4_1 {
+    pub(super) d: [u16; 8],
+    pub(super) m: [u16; 8],
+    pub(super) qs: [u8; 128],
+}
+
+/// Value `v` (0..16) of a candle Q4_K block: 64-value chunks, low nibbles then high nibbles.
+fn q4k_value(b: &Q4K, v: usize) -> u8 {
+    let (chunk, i) = (v / 64, v % 64);
+    let byte = b.qs[32 * chunk + i % 32];
+    if i < 32 {
+        byte & 15
+    } else {
+        byte >> 4
+    }
+}
+
+/// Value `v` plus 32 (0..64) of a candle Q6_K block: per 128 values, four 32-value quarters
+/// taking the low/high nibbles of `ql` and successive bit pairs of `qh`.
+fn q6k_value(b: &Q6K, v: usize) -> u8 {
+    let (half, quarter, l) = (v / 128, v % 128 / 32, v % 32);
+    let ql = b.ql[64 * half + 32 * (quarter % 2) + l];
+    let low = if quarter < 2 { ql & 15 } else { ql >> 4 };
+    let high = (b.qh[32 * half + l] >> (2 * quarter)) & 3;
+    low | (high << 4)
+}
+
+/// Value `j` (0..16) of a 32-value block whose 16 bytes hold low nibbles then high nibbles.
+fn nibble32(qs: &[u8; 16], j: usize) -> u8 {
+    if j < 16 {
+        qs[j] & 15
+    } else {
+        qs[j - 16] >> 4
+    }
+}
+
+/// Value `j` plus 16 (0..32) of a Q5_0 block: its nibble, bit 4 from `qh`.
+fn q5_0_value(b: &Q5_0, j: usize) -> u8 {
+    let high = (u32::from_le_bytes(b.qh) >> j) & 1;
+    nibble32(&b.qs, j) | ((high as u8) << 4)
+}
+
+/// The low four bits of each value, at their slots.
+fn pack_nibbles(value: impl Fn(usize) -> u8) -> [u8; 128] {
+    let mut qs = [0u8; 128];
+    for v in 0..QK {
+        let (z, byte) = slot(v);
+        qs[64 * (z / 2) + byte] |= (value(v) & 15) << (4 * (z % 2));
+    }
+    qs
+}
+
+fn unpack_nibble(qs: &[u8; 128], v: usize) -> u8 {
+    let (z, byte) = slot(v);
+    (qs[64 * (z / 2) + byte] >> (4 * (z % 2))) & 15
+}
+
+/// The 6-bit scales (bytes 0..8) and mins (bytes 8..16) of a Q4_K block's sub-blocks.
+fn q4k_unpacked_scales(s: &[u8; 12]) -> [u8; 16] {
+    let mut out = [0u8; 16];
+    for j in 0..8 {
+        (out[j], out[8 + j]) = if j < 4 {
+            (s[j] & 63, s[j + 4] & 63)
+        } else {
+            (
+                (s[j + 4] & 0x0f) | ((s[j - 4] >> 6) << 4),
+                (s[j + 4] >> 4) | ((s[j] >> 6) << 4),
+            )
+        };
+    }
+    out
+}
+
+/// Packs rows of `cols` values stored as 32-value blocks into groups of eight, padding each
+/// row with `zero` blocks to a multiple of 256 values.
+fn pack_groups<T, P>(blocks: &[T], cols: usize, zero: &T, pack: impl Fn([&T; 8]) -> P) -> Vec<P> {
+    let per_row = cols / 32;
+    blocks
+        .chunks_exact(per_row)
+        .flat_map(|row| {
+            (0..per_row.div_ceil(8))
+                .map(|g| pack(std::array::from_fn(|i| row.get(8 * g + i).unwrap_or(zero))))
+                .collect::<Vec<_>>()
+        })
+        .collect()
+}
+
+/// A packed block of 256 values.
+pub(super) trait PackedBlock {
+    /// The block as floats, computed exactly as candle's `to_float` does.
+    fn dequantize(&self, y: &mut [f32; QK]);
+}
+
+impl PackedQ4K {
+    fn new(b: &Q4K) -> Self {
+        let sm = q4k_unpacked_scales(&b.scales);
+        Self {
+            d: b.d,
+            dmin: b.dmin,
+            scales: sm[..8].try_into().unwrap(),
+            mins: sm[8..].try_into().unwrap(),
+            qs: pack_nibbles(|v| q4k_value(b, v)),
+        }
+    }
+}
+
+impl PackedBlock for PackedQ4K {
+    fn dequantize(&self, y: &mut [f32; QK]) {
+        let (d, dmin) = (f16_to_f32(self.d), f16_to_f32(self.dmin));
+        for (v, y) in y.iter_mut().enumerate() {
+            let (sc, m) = (self.scales[v / 32], self.mins[v / 32]);
+            *y = d * sc as f32 * unpack_nibble(&self.qs, v) as f32 - dmin * m as f32;
+        }
+    }
+}
+
+impl PackedQ6K {
+    fn new(b: &Q6K) -> Self {
+        let mut qh = [0u8; 64];
+        for v in 0..QK {
+            let (z, byte) = slot(v);
+            qh[byte] |= (q6k_value(b, v) >> 4) << (2 * z);
+        }
+        Self {
+            d: b.d,
+            scales: b.scales,
+            ql: pack_nibbles(|v| q6k_value(b, v)),
+            qh,
+        }
+    }
+}
+
+impl PackedBlock for PackedQ6K {
+    fn dequantize(&self, y: &mut [f32; QK]) {
+        let d = f16_to_f32(self.d);
+        for (v, y) in y.iter_mut().enumerate() {
+            let (z, byte) = slot(v);
+            let q = unpack_nibble(&self.ql, v) | (((self.qh[byte] >> (2 * z)) & 3) << 4);
+            *y = d * self.scales[v / 16] as f32 * (q as i8 - 32) as f32;
+        }
+    }
+}
+
+impl PackedQ5_0 {
+    fn new(b: [&Q5_0; 8]) -> Self {
+        let value = |v: usize| q5_0_value(b[v / 32], v % 32);
+        let mut qh = [0u64; 4];
+        for v in 0..QK {
+            let (z, byte) = slot(v);
+            qh[z] |= ((value(v) >> 4) as u64) << byte;
+        }
+        Self {
+            d: b.map(|b| b.d),
+            qs: pack_nibbles(value),
+            qh,
+        }
+    }
+}
+
+impl PackedBlock for PackedQ5_0 {
+    fn dequantize(&self, y: &mut [f32; QK]) {
+        for (v, y) in y.iter_mut().enumerate() {
+            let (z, byte) = slot(v);
+            let q = unpack_nibble(&self.qs, v) | ((((self.qh[z] >> byte) & 1) as u8) << 4);
+            *y = (q as i32 - 16) as f32 * f16_to_f32(self.d[v / 32]);
+        }
+    }
+}
+
+impl PackedQ5_0Planes {
+    fn new(b: [&Q5_0; 8]) -> Self {
+        let value = |v: usize| q5_0_value(b[v / 32], v % 32);
+        let mut qh = [0u8; 32];
+        for v in 0..QK {
+            let (z, byte) = slot(v);
+            qh[byte % 32] |= (value(v) >> 4) << (4 * (byte / 32) + z);
+        }
+        Self {
+            d: b.map(|b| b.d),
+            qs: pack_nibbles(value),
+            qh,
+        }
+    }
+}
+
+impl PackedBlock for PackedQ5_0Planes {
+    fn dequantize(&self, y: &mut [f32; QK]) {
+        for (v, y) in y.iter_mut().enumerate() {
+            let (z, byte) = slot(v);
+            let high = (self.qh[byte % 32] >> (4 * (byte / 32) + z)) & 1;
+            let q = unpack_nibble(&self.qs, v) | (high << 4);
+            *y = (q as i32 - 16) as f32 * f16_to_f32(self.d[v / 32]);
+        }
+    }
+}
+
+impl PackedQ8_0 {
+    fn new(b: [&Q8_0; 8]) -> Self {
+        let mut qs = [0u8; QK];
+        for v in 0..QK {
+            let (z, byte) = slot(v);
+            qs[64 * z + byte] = (b[v / 32].qs[v % 32] as u8) ^ 0x80;
+        }
+        Self {
+            d: b.map(|b| b.d),
+            qs,
+        }
+    }
+}
+
+impl PackedBlock for PackedQ8_0 {
+    fn dequantize(&self, y: &mut [f32; QK]) {
+        for (v, y) in y.iter_mut().enumerate() {
+            let (z, byte) = slot(v);
+            *y = ((self.qs[64 * z + byte] ^ 0x80) as i8) as f32 * f16_to_f32(self.d[v / 32]);
+        }
+    }
+}
+
+impl PackedQ4_0 {
+    fn new(b: [&Q4_0; 8]) -> Self {
+        Self {
+            d: b.map(|b| b.d),
+            qs: pack_nibbles(|v| nibble32(&b[v / 32].qs, v % 32)),
+        }
+    }
+}
+
+impl PackedBlock for PackedQ4_0 {
+    fn dequantize(&self, y: &mut [f32; QK]) {
+        for (v, y) in y.iter_mut().enumerate() {
+            let q = unpack_nibble(&self.qs, v) as i16 - 8;
+            *y = q as f32 * f16_to_f32(self.d[v / 32]);
+        }
+    }
+}
+
+impl PackedQ4_1 {
+    fn new(b: [&Q4_1; 8]) -> Self {
+        Self {
+            d: b.map(|b| b.d),
+            m: b.map(|b| b.m),
+            qs: pack_nibbles(|v| nibble32(&b[v / 32].qs, v % 32)),
+        }
+    }
+}
+
+impl PackedBlock for PackedQ4_1 {
+    fn dequantize(&self, y: &mut [f32; QK]) {
+        for (v, y) in y.iter_mut().enumerate() {
+            let (d, m) = (f16_to_f32(self.d[v / 32]), f16_to_f32(self.m[v / 32]));
+            *y = unpack_nibble(&self.qs, v) as f32 * d + m;
+        }
+    }
+}
+
+pub(super) fn pack_q4k(blocks: &[BlockQ4K]) -> Vec<PackedQ4K> {
+    view::<_, Q4K>(blocks).iter().map(PackedQ4K::new).collect()
+}
+
+pub(super) fn pack_q6k(blocks: &[BlockQ6K]) -> Vec<PackedQ6K> {
+    view::<_, Q6K>(blocks).iter().map(PackedQ6K::new).collect()
+}
+
+const Q5_0_ZERO: Q5_0 = Q5_0 {
+    d: 0,
+    qh: [0; 4],
+    qs: [0; 16],
+};
+
+pub(super) fn pack_q5_0(blocks: &[BlockQ5_0], cols: usize) -> Vec<PackedQ5_0> {
+    pack_groups(view(blocks), cols, &Q5_0_ZERO, PackedQ5_0::new)
+}
+
+pub(super) fn pack_q5_0_planes(blocks: &[BlockQ5_0], cols: usize) -> Vec<PackedQ5_0Planes> {
+    pack_groups(view(blocks), cols, &Q5_0_ZERO, PackedQ5_0Planes::new)
+}
+
+pub(super) fn pack_q8_0(blocks: &[BlockQ8_0], cols: usize) -> Vec<PackedQ8_0> {
+    let zero = Q8_0 { d: 0, qs: [0; 32] };
+    pack_groups(view(blocks), cols, &zero, PackedQ8_0::new)
+}
+
+pub(super) fn pack_q4_0(blocks: &[BlockQ4_0], cols: usize) -> Vec<PackedQ4_0> {
+    // Zero blocks hold the value 0 - 8 times a zero scale: zero.
+    let zero = Q4_0 { d: 0, qs: [0; 16] };
+    pack_groups(view(blocks), cols, &zero, PackedQ4_0::new)
+}
+
+pub(super) fn pack_q4_1(blocks: &[BlockQ4_1], cols: usize) -> Vec<PackedQ4_1> {
+    let zero = Q4_1 {
+        d: 0,
+        m: 0,
+        qs: [0; 16],
+    };
+    pack_groups(view(blocks), cols, &zero, PackedQ4_1::new)
+}

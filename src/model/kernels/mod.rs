@@ -1,0 +1,312 @@
+//! Multi-row matmul kernels for quantized GGUF weights, in two instruction-set families.
+//!
+//! A verify forward multiplies each weight matrix by k+1 activation rows. These kernels unpack
+//! every weight block once and then run it against all rows, so extra rows cost only their own
+//! multiply-adds, not another pass over the weights (which is what a one-token decode is bound
+//! by). The weights are repacked at load time into one layout ([`layout`]) that both families
+//! read: AVX-512 VNNI ([`avx512`], Q4_K, Q6_K, Q5_0, Q8_0) and AVX2 with FMA and F16C
+//! ([`avx2`], the same four plus Q4_0 and Q4_1; on an AVX-512 machine it also runs the
+//! formats the AVX-512 family lacks).
+//!
+//! Row independence is by construction in both: for each (weight row, activation row) pair
+//! the arithmetic is the same sequence of operations whatever the number of rows (integer sums
+//! are exact; the float accumulation runs block by block in a fixed order). So a forward over k
+//! tokens gives bit for bit the logits of k one-token forwards. The two families round
+//! differently from each other, so their logits differ in the last bits, as two CPUs' would.
+//!
+//! [`Kernels::detect`] picks the best family this CPU runs, or the one `CASCADE_KERNELS`
+//! names (`avx512`, `avx2`, `portable`); `portable` is candle's `vec_dot`, one dot product per
+//! output (also row-independent, but every extra row costs a full pass over the weights).
+
+mod layout;
+
+#[cfg(target_arch = "x86_64")]
+mod avx2;
+#[cfg(target_arch = "x86_64")]
+mod avx512;
+
+use crate::error::{Error, Result};
+use candle_core::quantized::k_quants::{
+    BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ6K, BlockQ8_0,
+};
+use candle_core::quantized::GgmlDType;
+use layout::{PackedBlock, QK};
+use std::ops::Range;
+
+/// A family of matmul kernels.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Kernels {
+    /// AVX-512 F/BW/VNNI (`vpdpbusd`).
+    Avx512,
+    /// AVX2 with FMA and F16C (`vpmaddubsw`).
+    Avx2,
+    /// candle's `vec_dot`, on any CPU.
+    Portable,
+}
+
+/// The environment variable that forces a kernel family.
+pub const KERNELS_ENV: &str = "CASCADE_KERNELS";
+
+impl Kernels {
+    /// Every family, best first.
+    pub const ALL: [Kernels; 3] = [Kernels::Avx512, Kernels::Avx2, Kernels::Portable];
+
+    /// The name used in `CASCADE_KERNELS` and in reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            Kernels::Avx512 => "avx512",
+            Kernels::Avx2 => "avx2",
+            Kernels::Portable => "portable",
+        }
+    }
+
+    /// True if this CPU runs the family.
+    pub fn runs_here(self) -> bool {
+        match self {
+            #[cfg(target_arch = "x86_64")]
+            Kernels::Avx512 => avx512::supported() && avx2::supported(),
+            #[cfg(target_arch = "x86_64")]
+            Kernels::Avx2 => avx2::supported(),
+            Kernels::Portable => true,
+            #[cfg(not(target_arch = "x86_64"))]
+            _ => false,
+        }
+    }
+
+    /// The families this CPU runs, best first.
+    pub fn supported() -> Vec<Kernels> {
+        Self::ALL.into_iter().filter(|k| k.runs_here()).collect()
+    }
+
+    /// The family named by `CASCADE_KERNELS`, or the best this CPU runs.
+    pub fn detect() -> Result<Kernels> {
+        Self::from_setting(std::env::var(KERNELS_ENV).ok().as_deref())
+    }
+
+    /// The family named by `setting` (a `CASCADE_KERNELS` value), or the best this CPU runs.
+    pub fn from_setting(setting: Option<&str>) -> Result<Kernels> {
+        let supported = Self::supported();
+        let Some(name) = setting.map(str::trim).filter(|s| !s.is_empty()) else {
+            return Ok(supported[0]);
+        };
+        let names = |ks: &[Kernels]| ks.iter().map(|k| k.name()).collect::<Vec<_>>().join(", ");
+        let Some(k) = Self::ALL.into_iter().find(|k| k.name() == name) else {
+            return Err(Error::config(
+                KERNELS_ENV,
+                format!(
+                    "unknown kernel family `{name}` (known: {})",
+                    names(&Self::ALL)
+                ),
+            ));
+        };
+        if !k.runs_here() {
+            return Err(Error::config(
+                KERNELS_ENV,
+                format!(
+                    "this CPU cannot run the {name} kernels (it runs: {})",
+                    names(&supported)
+                ),
+            ));
+        }
+        Ok(k)
+    }
+}
+
+impl std::fmt::Display for Kernels {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// A weight matrix repacked for one family of kernels.
+pub struct Packed {
+    blocks: Blocks,
+    kernels: Kernels,
+}
+
+/// Repacked blocks, by format.
+enum Blocks {
+    Q4K(Vec<layout::PackedQ4K>),
+    Q6K(Vec<layout::PackedQ6K>),
+    /// Q5_0 for AVX-512.
+    Q5_0(Vec<layout::PackedQ5_0>),
+    /// Q5_0 for AVX2.
+    Q5_0Planes(Vec<layout::PackedQ5_0Planes>),
+    Q8_0(Vec<layout::PackedQ8_0>),
+    Q4_0(Vec<layout::PackedQ4_0>),
+    Q4_1(Vec<layout::PackedQ4_1>),
+}
+
+/// Applies `$f` to the packed blocks, whatever their format.
+macro_rules! each_format {
+    ($blocks:expr, $b:ident => $f:expr) => {
+        match $blocks {
+            Blocks::Q4K($b) => $f,
+            Blocks::Q6K($b) => $f,
+            Blocks::Q5_0($b) => $f,
+            Blocks::Q5_0Planes($b) => $f,
+            Blocks::Q8_0($b) => $f,
+            Blocks::Q4_0($b) => $f,
+            Blocks::Q4_1($b) => $f,
+        }
+    };
+}
+
+/// The formats the kernels multiply, as candle's blocks.
+pub enum Source<'a> {
+    Q4K(&'a [BlockQ4K]),
+    Q6K(&'a [BlockQ6K]),
+    Q5_0(&'a [BlockQ5_0]),
+    Q8_0(&'a [BlockQ8_0]),
+    Q4_0(&'a [BlockQ4_0]),
+    Q4_1(&'a [BlockQ4_1]),
+}
+
+impl Packed {
+    /// Repacks rows of `cols` values (a multiple of the format's block size) for `kernels`.
+    ///
+    /// Panics if `kernels` is [`Kernels::Portable`], which multiplies candle's blocks as they
+    /// are.
+    pub fn new(source: Source, cols: usize, kernels: Kernels) -> Self {
+        assert!(
+            kernels != Kernels::Portable,
+            "the portable path does not repack"
+        );
+        let blocks = match source {
+            Source::Q4K(b) => Blocks::Q4K(layout::pack_q4k(b)),
+            Source::Q6K(b) => Blocks::Q6K(layout::pack_q6k(b)),
+            Source::Q5_0(b) if kernels == Kernels::Avx512 => {
+                Blocks::Q5_0(layout::pack_q5_0(b, cols))
+            }
+            Source::Q5_0(b) => Blocks::Q5_0Planes(layout::pack_q5_0_planes(b, cols)),
+            Source::Q8_0(b) => Blocks::Q8_0(layout::pack_q8_0(b, cols)),
+            Source::Q4_0(b) => Blocks::Q4_0(layout::pack_q4_0(b, cols)),
+            Source::Q4_1(b) => Blocks::Q4_1(layout::pack_q4_1(b, cols)),
+        };
+        Self { blocks, kernels }
+    }
+
+    /// The quantization the blocks came from.
+    pub fn dtype(&self) -> GgmlDType {
+        match &self.blocks {
+            Blocks::Q4K(_) => GgmlDType::Q4K,
+            Blocks::Q6K(_) => GgmlDType::Q6K,
+            Blocks::Q5_0(_) | Blocks::Q5_0Planes(_) => GgmlDType::Q5_0,
+            Blocks::Q8_0(_) => GgmlDType::Q8_0,
+            Blocks::Q4_0(_) => GgmlDType::Q4_0,
+            Blocks::Q4_1(_) => GgmlDType::Q4_1,
+        }
+    }
+
+    /// Dequantizes row `row` (of `dst.len()` values) into `dst`.
+    pub fn dequantize_row(&self, row: usize, dst: &mut [f32]) {
+        let kb = dst.len().div_ceil(QK);
+        let mut block = [0f32; QK];
+        for (i, y) in dst.chunks_mut(QK).enumerate() {
+            let b = row * kb + i;
+            each_format!(&self.blocks, p => p[b].dequantize(&mut block));
+            y.copy_from_slice(&block[..y.len()]);
+        }
+    }
+
+    /// `dst[m x n] = lhs[m x k] x Wᵀ` for `n` weight rows of `k` values (on an AVX-512 machine,
+    /// the formats the AVX-512 kernels lack run on AVX2).
+    ///
+    /// Panics if the slices are shorter than the shape says.
+    pub fn matmul(&self, mkn: (usize, usize, usize), lhs: &[f32], dst: &mut [f32]) {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `Packed::new` only packs for a fast family; the family the blocks are packed
+        // for runs on this CPU (it came from `Kernels::detect` or `supported`, which check),
+        // and an AVX-512 CPU that runs that family also runs AVX2 (`Kernels::runs_here`). The
+        // kernels check the slice lengths.
+        unsafe {
+            assert!(self.kernels.runs_here());
+            match (self.kernels, &self.blocks) {
+                (Kernels::Avx512, Blocks::Q4K(b)) => avx512::matmul(b, mkn, lhs, dst),
+                (Kernels::Avx512, Blocks::Q6K(b)) => avx512::matmul(b, mkn, lhs, dst),
+                (Kernels::Avx512, Blocks::Q5_0(b)) => avx512::matmul(b, mkn, lhs, dst),
+                (Kernels::Avx512, Blocks::Q8_0(b)) => avx512::matmul(b, mkn, lhs, dst),
+                (_, Blocks::Q4K(b)) => avx2::matmul(b, mkn, lhs, dst),
+                (_, Blocks::Q6K(b)) => avx2::matmul(b, mkn, lhs, dst),
+                (_, Blocks::Q5_0Planes(b)) => avx2::matmul(b, mkn, lhs, dst),
+                (_, Blocks::Q8_0(b)) => avx2::matmul(b, mkn, lhs, dst),
+                (_, Blocks::Q4_0(b)) => avx2::matmul(b, mkn, lhs, dst),
+                (_, Blocks::Q4_1(b)) => avx2::matmul(b, mkn, lhs, dst),
+                (_, Blocks::Q5_0(_)) => unreachable!("Q5_0 masks are packed for AVX-512 only"),
+            }
+        }
+    }
+}
+
+/// Activation rows handled by one kernel call (accumulators live on the stack).
+const MAX_ROWS: usize = 16;
+
+/// Weight rows per task.
+const CHUNK: usize = 16;
+
+/// Dot products of up to `CHUNK` weight rows with up to `MAX_ROWS` activation rows.
+type Tile = [[f32; MAX_ROWS]; CHUNK];
+
+/// Runs `f(weight_rows, first_act_row, act_rows, out)` over every tile of at most `CHUNK`
+/// weight rows and `MAX_ROWS` activation rows, in parallel over weight rows (on candle's
+/// spinning thread pool: a decode step makes ~200 small matmuls, so wake-up latency matters),
+/// scattering `out[weight_row][act_row]` into `dst` (`m x n`, row-major).
+///
+/// Panics if `dst` holds fewer than `m * n` values.
+fn for_each_output(
+    m: usize,
+    n: usize,
+    dst: &mut [f32],
+    f: impl Fn(Range<usize>, usize, usize, &mut Tile) + Sync,
+) {
+    assert!(
+        dst.len() >= m * n,
+        "output holds {} values, not {m} x {n}",
+        dst.len()
+    );
+    struct Dst(*mut f32);
+    // SAFETY: every (row, column) of dst is written by exactly one task.
+    unsafe impl Sync for Dst {}
+    let dst = Dst(dst.as_mut_ptr());
+    let dst = &dst;
+    candle_core::utils::barrier_pool().execute_chunked(n.div_ceil(CHUNK), |chunks| {
+        let mut out = [[0f32; MAX_ROWS]; CHUNK];
+        for c in chunks {
+            let js = c * CHUNK..n.min((c + 1) * CHUNK);
+            for r0 in (0..m).step_by(MAX_ROWS) {
+                let rows = (m - r0).min(MAX_ROWS);
+                f(js.clone(), r0, rows, &mut out);
+                for (j, col) in js.clone().zip(&out) {
+                    for (r, &v) in col[..rows].iter().enumerate() {
+                        // SAFETY: r0 + r < m and j < n, so the index is below m * n <= dst.len()
+                        // (asserted above); tasks own disjoint columns j.
+                        unsafe { *dst.0.add((r0 + r) * n + j) = v };
+                    }
+                }
+            }
+        }
+    });
+}
+
+/// How far ahead (in bytes) the kernels prefetch weights: with many activation rows a block
+/// takes long enough to compute that the next ones can be fetched meanwhile.
+#[cfg(target_arch = "x86_64")]
+const PREFETCH: usize = 1024;
+
+/// Prefetches the weights `PREFETCH` bytes after block `x`. The address may lie past the end
+/// of the weights: it is computed with wrapping arithmetic and only prefetched, never read
+/// (a prefetch does not fault).
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn prefetch<B>(x: &B) {
+    use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+    let ahead = (x as *const B as *const i8).wrapping_add(PREFETCH);
+    for line in 0..std::mem::size_of::<B>().div_ceil(64) {
+        // SAFETY: SSE is part of x86-64; a prefetch never dereferences its address.
+        unsafe { _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(64 * line)) };
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,331 @@
+//! Every kernel family this CPU runs, against a dequantize-then-multiply reference and
+//! candle's `vec_dot`, and for row-count independence. (AVX2 runs on AVX-512 machines too,
+//! so both families are tested there.)
+
+use super::*;
+use candle_core::quantized::k_quants::{self, GgmlType};
+
+fn random(n: usize, seed: u64) -> Vec<f32> {
+    let mut s = seed;
+    (0..n)
+        .map(|_| {
+            s = s
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+        })
+        .collect()
+}
+
+/// Dequantize the weights, quantize nothing else: a plain f32 reference.
+fn reference<T: GgmlType>(w: &[T], m: usize, k: usize, n: usize, lhs: &[f32]) -> Vec<f32> {
+    let mut wf = vec![0f32; n * k];
+    T::to_float(w, &mut wf);
+    let mut out = vec![0f32; m * n];
+    for r in 0..m {
+        for j in 0..n {
+            out[r * n + j] = (0..k).map(|i| lhs[r * k + i] * wf[j * k + i]).sum();
+        }
+    }
+    out
+}
+
+/// Random blocks: quantized random floats, with random bytes over part of the quants (every
+/// bit pattern of the quants is valid) to reach values the quantizer rarely produces.
+fn blocks<T: GgmlType>(count: usize, seed: u64) -> Vec<T> {
+    let mut w = vec![T::zeros(); count];
+    T::from_float(&random(count * T::BLCK_SIZE, seed), &mut w);
+    let size = std::mem::size_of::<T>();
+    // Where the f16 scales are: left alone (random bits can be NaN or huge).
+    let scales = match T::DTYPE {
+        GgmlDType::Q4K => 0..4,           // d, dmin first
+        GgmlDType::Q6K => size - 2..size, // d last
+        GgmlDType::Q4_1 => 0..4,          // d, m first
+        _ => 0..2,                        // Q4_0, Q5_0, Q8_0: d first
+    };
+    // SAFETY: plain byte blocks.
+    let bytes = unsafe { std::slice::from_raw_parts_mut(w.as_mut_ptr() as *mut u8, count * size) };
+    let noise = random(bytes.len(), seed + 1);
+    for (i, (b, r)) in bytes.iter_mut().zip(noise).enumerate() {
+        if !scales.contains(&(i % size)) && i % 3 == 0 {
+            *b = ((r + 1.0) * 127.9) as u8;
+        }
+    }
+    w
+}
+
+/// Candle blocks as a packing source.
+type Pack<T> = fn(&[T]) -> Source<'_>;
+
+const Q4K: Pack<BlockQ4K> = |b| Source::Q4K(b);
+const Q6K: Pack<BlockQ6K> = |b| Source::Q6K(b);
+const Q5_0: Pack<BlockQ5_0> = |b| Source::Q5_0(b);
+const Q8_0: Pack<BlockQ8_0> = |b| Source::Q8_0(b);
+const Q4_0: Pack<BlockQ4_0> = |b| Source::Q4_0(b);
+const Q4_1: Pack<BlockQ4_1> = |b| Source::Q4_1(b);
+
+/// Every packing (AVX-512's and AVX2's differ for Q5_0), whether or not this CPU runs it.
+const PACKINGS: [Kernels; 2] = [Kernels::Avx512, Kernels::Avx2];
+
+fn dequantizes_like_candle<T: GgmlType>(pack: Pack<T>, cols: usize) {
+    let rows = 5;
+    let w: Vec<T> = blocks(rows * cols / T::BLCK_SIZE, 7);
+    let mut want = vec![0f32; rows * cols];
+    T::to_float(&w, &mut want);
+    for kernels in PACKINGS {
+        let packed = Packed::new(pack(&w), cols, kernels);
+        let mut got = vec![0f32; rows * cols];
+        for (r, row) in got.chunks_mut(cols).enumerate() {
+            packed.dequantize_row(r, row);
+        }
+        assert_eq!(got, want, "{kernels} {:?}", T::DTYPE);
+    }
+    assert!(want.iter().any(|&v| v != 0.0));
+}
+
+#[test]
+fn repacked_blocks_dequantize_exactly_like_candle() {
+    dequantizes_like_candle(Q4K, 512);
+    dequantizes_like_candle(Q6K, 512);
+    // 11 blocks of 32: rows padded to 512 values.
+    dequantizes_like_candle(Q5_0, 352);
+    dequantizes_like_candle(Q8_0, 352);
+    dequantizes_like_candle(Q4_0, 352);
+    dequantizes_like_candle(Q4_1, 352);
+}
+
+/// The kernels this CPU runs (the portable path multiplies candle's blocks, not these).
+fn families() -> Vec<Kernels> {
+    let ks: Vec<Kernels> = Kernels::supported()
+        .into_iter()
+        .filter(|&k| k != Kernels::Portable)
+        .collect();
+    if ks.is_empty() {
+        eprintln!("no kernel family runs on this CPU: kernels not tested");
+    }
+    ks
+}
+
+/// Each family against a plain f32 reference, as accurate as candle's `vec_dot` and, where
+/// both quantize activations alike (K-quants), within `candle_tol` of it (relative to the
+/// largest output); and every row alike whatever the number of activation rows (1..=19) and
+/// weight rows (odd counts included).
+fn check<T: GgmlType>(pack: Pack<T>, k: usize, candle_tol: Option<f32>) {
+    let (n, m) = (25, 19);
+    let w: Vec<T> = blocks(n * k / T::BLCK_SIZE, 1);
+    let lhs = random(m * k, 2);
+    let want = reference(&w, m, k, n, &lhs);
+    let scale = want.iter().map(|v| v.abs()).fold(0f32, f32::max);
+    let mut candle = vec![0f32; m * n];
+    k_quants::matmul((m, k, n), &lhs, &w, &mut candle).unwrap();
+    let error = |x: &[f32]| {
+        let e = x.iter().zip(&want).map(|(a, b)| (a - b).abs());
+        e.fold(0f32, f32::max) / scale
+    };
+    for kernels in families() {
+        let what = format!("{kernels} {:?} k = {k}", T::DTYPE);
+        let packed = Packed::new(pack(&w), k, kernels);
+        let mut got = vec![0f32; m * n];
+        packed.matmul((m, k, n), &lhs, &mut got);
+        // Close to the f32 reference (activation quantization costs some precision) ...
+        for (g, r) in got.iter().zip(&want) {
+            assert!((g - r).abs() <= 0.02 * scale, "{what}: {g} vs {r}");
+        }
+        // ... as close as candle's vec_dot path ...
+        let (ours, theirs) = (error(&got), error(&candle));
+        assert!(
+            ours <= 1.5 * theirs,
+            "{what}: error {ours} vs candle's {theirs}"
+        );
+        if let Some(tol) = candle_tol {
+            for (g, c) in got.iter().zip(&candle) {
+                assert!((g - c).abs() <= tol * scale, "{what}: {g} vs candle {c}");
+            }
+        }
+        // ... and every row is computed alike whatever the number of rows.
+        for rows in 1..=m {
+            let mut part = vec![0f32; rows * n];
+            packed.matmul((rows, k, n), &lhs[..rows * k], &mut part);
+            assert!(
+                part == got[..rows * n],
+                "{what}: {rows} rows differ from {m}"
+            );
+        }
+        for cols in [1, 7, 16, 17] {
+            let mut part = vec![0f32; m * cols];
+            packed.matmul((m, k, cols), &lhs, &mut part);
+            for r in 0..m {
+                let (a, b) = (&part[r * cols..(r + 1) * cols], &got[r * n..r * n + cols]);
+                assert!(a == b, "{what}: {cols} weight rows differ from {n}");
+            }
+        }
+    }
+}
+
+#[test]
+fn q4k_kernels_match_references() {
+    check(Q4K, 3072, Some(1e-4));
+}
+
+#[test]
+fn q6k_kernels_match_references() {
+    check(Q6K, 3072, Some(1e-4));
+}
+
+#[test]
+fn q5_0_kernels_match_references() {
+    check(Q5_0, 352, None);
+    check(Q5_0, 1024, None);
+}
+
+#[test]
+fn q8_0_kernels_match_references() {
+    check(Q8_0, 352, None);
+    check(Q8_0, 1024, None);
+}
+
+#[test]
+fn q4_0_kernels_match_references() {
+    check(Q4_0, 352, None);
+    check(Q4_0, 1024, None);
+}
+
+#[test]
+fn q4_1_kernels_match_references() {
+    check(Q4_1, 352, None);
+    check(Q4_1, 1024, None);
+}
+
+/// Extreme activations (a single huge value, all equal, zeros) and extreme weights (every
+/// quant at its largest magnitude) stay within the 16-bit sums' range: the kernels agree with
+/// the reference where saturation or overflow would show at once.
+#[test]
+fn extreme_values_do_not_overflow_the_16_bit_sums() {
+    fn saturated<T: GgmlType>(pack: Pack<T>, k: usize, fill: u8) {
+        let n = 3;
+        let mut w: Vec<T> = blocks(n * k / T::BLCK_SIZE, 3);
+        let size = std::mem::size_of::<T>();
+        // SAFETY: plain byte blocks.
+        let bytes =
+            unsafe { std::slice::from_raw_parts_mut(w.as_mut_ptr() as *mut u8, w.len() * size) };
+        for (i, b) in bytes.iter_mut().enumerate() {
+            let off = i % size;
+            let quant = match T::DTYPE {
+                GgmlDType::Q4K => off >= 16, // after d, dmin, scales
+                GgmlDType::Q6K => off < 192, // ql, qh
+                GgmlDType::Q8_0 | GgmlDType::Q4_0 => off >= 2,
+                GgmlDType::Q5_0 => off >= 2,
+                GgmlDType::Q4_1 => off >= 4,
+                _ => false,
+            };
+            if quant {
+                *b = fill;
+            }
+        }
+        for lhs in [vec![1.0f32; k], {
+            let mut v = vec![1e-3f32; k];
+            v[5] = 100.0;
+            v
+        }] {
+            let want = reference(&w, 1, k, n, &lhs);
+            let scale = want.iter().map(|v| v.abs()).fold(1e-6f32, f32::max);
+            for kernels in families() {
+                let packed = Packed::new(pack(&w), k, kernels);
+                let mut got = vec![0f32; n];
+                packed.matmul((1, k, n), &lhs, &mut got);
+                for (g, r) in got.iter().zip(&want) {
+                    assert!(
+                        (g - r).abs() <= 0.02 * scale,
+                        "{kernels} {:?} fill {fill:#x}: {g} vs {r}",
+                        T::DTYPE
+                    );
+                }
+            }
+        }
+    }
+    for fill in [0xff, 0x00, 0x80, 0x7f] {
+        saturated(Q4K, 512, fill);
+        saturated(Q6K, 512, fill);
+        saturated(Q5_0, 256, fill);
+        saturated(Q8_0, 256, fill);
+        saturated(Q4_0, 256, fill);
+        saturated(Q4_1, 256, fill);
+    }
+}
+
+#[test]
+fn kernel_family_settings() {
+    assert_eq!(
+        Kernels::from_setting(Some("portable")).unwrap(),
+        Kernels::Portable
+    );
+    assert_eq!(
+        Kernels::from_setting(None).unwrap(),
+        Kernels::supported()[0]
+    );
+    assert_eq!(
+        Kernels::from_setting(Some("")).unwrap(),
+        Kernels::supported()[0]
+    );
+    let e = Kernels::from_setting(Some("sse9")).unwrap_err().to_string();
+    assert_eq!(
+        e,
+        "CASCADE_KERNELS: unknown kernel family `sse9` (known: avx512, avx2, portable)"
+    );
+    for k in Kernels::ALL {
+        match Kernels::from_setting(Some(k.name())) {
+            Ok(got) => assert!(got == k && k.runs_here()),
+            Err(e) => {
+                assert!(!k.runs_here());
+                assert!(e.to_string().contains("this CPU cannot run"), "{e}");
+            }
+        }
+    }
+}
+
+/// Development timing (not a test of speed): `KT=k,n cargo test --release --lib kernel_timing -- --ignored --nocapture`.
+#[test]
+#[ignore]
+fn kernel_timing() {
+    let spec = std::env::var("KT").unwrap_or("1536,8960".into());
+    let v: Vec<usize> = spec.split(',').map(|x| x.parse().unwrap()).collect();
+    let (k, n) = (v[0], v[1]);
+    let reps: usize = std::env::var("KREPS")
+        .ok()
+        .and_then(|r| r.parse().ok())
+        .unwrap_or(20);
+    let kq = k / 256 * 256;
+    let w4: Vec<BlockQ4K> = blocks(n * kq / 256, 1);
+    let w6: Vec<BlockQ6K> = blocks(n * kq / 256, 1);
+    let w5: Vec<BlockQ5_0> = blocks(n * k / 32, 1);
+    let w8: Vec<BlockQ8_0> = blocks(n * k / 32, 1);
+    let all = [
+        ("q4k", Packed::new(Q4K(&w4), kq, Kernels::Avx2)),
+        ("q6k", Packed::new(Q6K(&w6), kq, Kernels::Avx2)),
+        ("q5_0", Packed::new(Q5_0(&w5), k, Kernels::Avx2)),
+        ("q8_0", Packed::new(Q8_0(&w8), k, Kernels::Avx2)),
+    ];
+    for (name, p) in &all {
+        let k = if name.starts_with("q4k") || name.starts_with("q6k") {
+            kq
+        } else {
+            k
+        };
+        let mut line = format!("{name} k={k} n={n}:");
+        for m in [1usize, 2, 4, 8, 16] {
+            let lhs = random(m * k, 2);
+            let mut dst = vec![0f32; m * n];
+            let best = (0..15)
+                .map(|_| {
+                    let t = std::time::Instant::now();
+                    for _ in 0..reps {
+                        p.matmul((m, k, n), &lhs, &mut dst);
+                    }
+                    t.elapsed().as_secs_f64() / reps as f64
+                })
+                .fold(f64::INFINITY, f64::min);
+            line += &format!(" m={m} {:.2}", best / (m * n * k / 256) as f64 * 1e9);
+        }
+        println!("{line}");
+    }
+}
