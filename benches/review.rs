@@ -73,9 +73,9 @@ fn verify(c: &mut Criterion) {
             .map(|i| cascade::sampling::argmax(l.row(i)))
             .collect();
         let q: Vec<Dist> = draft.iter().map(|&t| Dist::Point(t)).collect();
-        let mut rng = rand::rngs::StdRng::seed_from_u64(0);
+        let mut rng = cascade::sampling::Rng::seed_from_u64(0);
         group.bench_with_input(BenchmarkId::new("t0.7_topp0.9", k), &k, |b, _| {
-            b.iter(|| black_box(review(&draft, &q, &l, &s, 1.0, &mut rng)))
+            b.iter(|| black_box(review(&draft, &q, &l, &s, 1.0, &mut rng, None)))
         });
     }
     group.finish();

@@ -3,6 +3,7 @@
 //! measured ones. The JSON report's fields are documented on the types below.
 
 use crate::config::{file_label, Plan};
+use crate::draft::NodeKind;
 use crate::engine::{Engine, GenerateOptions, Generation, Stats};
 use crate::error::{Error, Result};
 use crate::model::{LoadedModel, Model, ModelStore};
@@ -315,7 +316,7 @@ pub fn record(
     if let Some(tree) = &g.drafter {
         tree.model_calls(&mut model_calls);
         tree.visit(&mut |n| {
-            if let (Some(model), "vertical") = (&n.model, n.kind.as_str()) {
+            if let (Some(model), NodeKind::Vertical) = (&n.model, &n.kind) {
                 levels.push(LevelRecord {
                     node: n.name.clone(),
                     model: model.clone(),

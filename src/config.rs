@@ -28,9 +28,10 @@
 //!
 //! The paper's K-matrix notation is accepted too (`kind = "k_matrix"`, see [`RawDrafter`]).
 
+use crate::costs::{CostCache, ForwardCost};
 use crate::drafter::{
-    BigramDrafter, Drafter, HorizontalCascade, MaxGramDrafter, MaxGramPolicy, NeuralDrafter,
-    VerticalCascade,
+    AdaptiveCascade, BigramDrafter, Drafter, HorizontalCascade, MaxGramDrafter, MaxGramPolicy,
+    NeuralDrafter, VerticalCascade,
 };
 use crate::engine::{Engine, GenerateOptions};
 use crate::error::{Error, Result};
@@ -72,6 +73,10 @@ pub struct RawTarget {
     /// Must be true for `lenience != 1`: an explicit opt-in to inexact output.
     #[serde(default)]
     pub allow_inexact: bool,
+    /// Size each draft by the drafters' learned acceptance and this machine's measured costs
+    /// (`k` becomes an upper bound).
+    #[serde(default)]
+    pub adaptive: bool,
     /// Cap on the context length (tokens), below the model's own.
     pub context: Option<usize>,
 }
@@ -105,6 +110,10 @@ pub enum RawDrafter {
         /// Tokens drafted from the bigram table when there is no match.
         #[serde(default = "default_bigram_tokens")]
         bigram_tokens: usize,
+        /// A match of length n copies at most `n * length_per_match` tokens; 0 leaves it to
+        /// the gate.
+        #[serde(default = "default_length_per_match")]
+        length_per_match: f32,
     },
     /// A reviewer model over another drafter (CS Drafting's vertical cascade).
     Vertical {
@@ -118,7 +127,13 @@ pub enum RawDrafter {
         /// Lenience of this review (>= 1; 1 is exact).
         #[serde(default = "one")]
         lenience: f32,
+        /// Size the inner drafts adaptively (`k` becomes an upper bound).
+        #[serde(default)]
+        adaptive: bool,
     },
+    /// Each position of a draft from the cheapest drafter worth it there (a dynamic
+    /// horizontal cascade): `drafters = ["mag", "small"]`, cheapest first.
+    Adaptive { drafters: Vec<String> },
     /// Positions of one draft split between drafters (CS Drafting's horizontal cascade):
     /// `schedule = [["a", 2], ["b", 6]]` takes 2 tokens from `a`, then up to 6 from `b`.
     Horizontal { schedule: Vec<(String, usize)> },
@@ -190,12 +205,17 @@ fn default_min_match() -> usize {
 fn default_bigram_tokens() -> usize {
     MaxGramPolicy::default().bigram_tokens
 }
+fn default_length_per_match() -> f32 {
+    MaxGramPolicy::default().length_per_match
+}
 
 /// A validated configuration: models resolved to files, settings checked.
 #[derive(Clone, Debug)]
 pub struct Plan {
     pub target: ModelPlan,
     pub drafter: Option<DrafterNode>,
+    /// The target sizes drafts adaptively.
+    pub adaptive: bool,
     pub context: Option<usize>,
     pub options: GenerateOptions,
     pub chat: bool,
@@ -215,6 +235,20 @@ pub struct DrafterNode {
     pub kind: DrafterPlan,
 }
 
+impl DrafterNode {
+    /// Whether this node or one below it sizes its drafts adaptively.
+    pub fn has_adaptive(&self) -> bool {
+        match &self.kind {
+            DrafterPlan::Vertical {
+                adaptive, inner, ..
+            } => *adaptive || inner.has_adaptive(),
+            DrafterPlan::Horizontal { parts } => parts.iter().any(|(n, _)| n.has_adaptive()),
+            DrafterPlan::Adaptive { parts } => parts.iter().any(DrafterNode::has_adaptive),
+            _ => false,
+        }
+    }
+}
+
 #[derive(Clone, Debug)]
 pub enum DrafterPlan {
     Model(ModelPlan),
@@ -231,9 +265,13 @@ pub enum DrafterPlan {
         inner: Box<DrafterNode>,
         k: usize,
         lenience: f32,
+        adaptive: bool,
     },
     Horizontal {
         parts: Vec<(DrafterNode, usize)>,
+    },
+    Adaptive {
+        parts: Vec<DrafterNode>,
     },
 }
 
@@ -288,6 +326,7 @@ impl RawConfig {
         Ok(Plan {
             target: v.model(&t.model, &t.tokenizer, "target")?,
             drafter,
+            adaptive: t.adaptive,
             context: t.context,
             options: GenerateOptions {
                 max_new_tokens: self.generation.max_new_tokens,
@@ -381,7 +420,14 @@ impl Validator<'_> {
                 max_ngram,
                 min_match,
                 bigram_tokens,
+                length_per_match,
             } => {
+                if !(length_per_match.is_finite() && *length_per_match >= 0.0) {
+                    return Err(Error::config(
+                        format!("{here}.length_per_match"),
+                        format!("must be a finite number >= 0 (0: no cap), got {length_per_match}"),
+                    ));
+                }
                 if *max_ngram == 0 {
                     return Err(Error::config(format!("{here}.max_ngram"), "must be >= 1"));
                 }
@@ -400,6 +446,7 @@ impl Validator<'_> {
                         max_ngram: *max_ngram,
                         min_match: *min_match,
                         bigram_tokens: *bigram_tokens,
+                        length_per_match: *length_per_match,
                     },
                 }
             }
@@ -409,6 +456,7 @@ impl Validator<'_> {
                 draft,
                 k,
                 lenience,
+                adaptive,
             } => {
                 if *k == 0 {
                     return Err(Error::config(
@@ -422,7 +470,22 @@ impl Validator<'_> {
                     inner: Box::new(self.node(draft, &format!("{here}.draft"), stack)?),
                     k: *k,
                     lenience: *lenience,
+                    adaptive: *adaptive,
                 }
+            }
+            RawDrafter::Adaptive { drafters } => {
+                if drafters.is_empty() {
+                    return Err(Error::config(
+                        format!("{here}.drafters"),
+                        "must list at least one drafter",
+                    ));
+                }
+                let parts = drafters
+                    .iter()
+                    .enumerate()
+                    .map(|(i, d)| self.node(d, &format!("{here}.drafters[{i}]"), stack))
+                    .collect::<Result<Vec<_>>>()?;
+                DrafterPlan::Adaptive { parts }
             }
             RawDrafter::Horizontal { schedule } => {
                 if schedule.is_empty() {
@@ -554,6 +617,7 @@ fn k_matrix_tree(
                         inner: Box::new(inner),
                         k: inner_k,
                         lenience: l,
+                        adaptive: false,
                     },
                 }
             };
@@ -585,6 +649,8 @@ impl Plan {
             tables: HashMap::new(),
             progress,
             context: self.context,
+            costs: None,
+            adaptive: self.adaptive || self.drafter.as_ref().is_some_and(DrafterNode::has_adaptive),
         };
         let target = b.model(&self.target)?;
         let drafter = match &self.drafter {
@@ -592,11 +658,16 @@ impl Plan {
             Some(node) => Some(b.drafter(node, &target)?),
         };
         let name = file_label(&self.target.path);
-        Ok(Engine::new(
+        let engine = Engine::new(
             Box::new(target.instance(&name, self.context)),
             drafter,
             target.tokenizer.clone(),
-        ))
+        );
+        Ok(if self.adaptive {
+            engine.with_adaptive(b.cost(&target)?)
+        } else {
+            engine
+        })
     }
 }
 
@@ -612,16 +683,37 @@ struct Builder<'a> {
     tables: HashMap<PathBuf, Arc<BigramTable>>,
     progress: &'a mut dyn FnMut(&str, usize, usize),
     context: Option<usize>,
+    /// Opened when an adaptive node needs a measured cost.
+    costs: Option<CostCache>,
+    /// Some review in the tree is adaptive: drafters get their measured costs.
+    adaptive: bool,
 }
 
 impl Builder<'_> {
     fn model(&mut self, m: &ModelPlan) -> Result<Arc<LoadedModel>> {
-        let label = file_label(&m.path);
+        let what = format!("loading {}", file_label(&m.path));
         let progress = &mut *self.progress;
         self.store
             .load(&m.path, m.tokenizer.as_deref(), &mut |d, t| {
-                progress(&label, d, t)
+                progress(&what, d, t)
             })
+    }
+
+    /// The measured forward cost of `model` on this machine (measured now if not cached).
+    fn cost(&mut self, model: &LoadedModel) -> Result<ForwardCost> {
+        if self.costs.is_none() {
+            self.costs = Some(CostCache::open(&CostCache::default_path())?);
+        }
+        let cache = self.costs.as_mut().expect("opened above");
+        let progress = &mut *self.progress;
+        let cost = cache.costs(&[model], false, &mut |names| {
+            progress(
+                &format!("measuring {} (once per machine)", names.join(", ")),
+                0,
+                1,
+            )
+        })?;
+        Ok(cost.into_iter().next().expect("one model asked"))
     }
 
     fn table(&mut self, path: &Path, target: &LoadedModel) -> Result<Arc<BigramTable>> {
@@ -642,7 +734,12 @@ impl Builder<'_> {
                 let model = self.model(m)?;
                 check_vocab(target, "target", &model, name)?;
                 let instance = model.instance(&file_label(&m.path), self.context);
-                Box::new(NeuralDrafter::new(name, Box::new(instance)))
+                let drafter = NeuralDrafter::new(name, Box::new(instance));
+                Box::new(if self.adaptive {
+                    drafter.with_cost(&self.cost(&model)?)
+                } else {
+                    drafter
+                })
             }
             DrafterPlan::Bigram { table, sample } => Box::new(BigramDrafter::new(
                 name,
@@ -661,18 +758,25 @@ impl Builder<'_> {
                 inner,
                 k,
                 lenience,
+                adaptive,
             } => {
                 let model = self.model(reviewer)?;
                 check_vocab(target, "target", &model, name)?;
                 let inner = self.drafter(inner, target)?;
                 let instance = model.instance(&file_label(&reviewer.path), self.context);
-                Box::new(VerticalCascade::new(
-                    name,
-                    Box::new(instance),
-                    inner,
-                    *k,
-                    *lenience,
-                ))
+                let cascade = VerticalCascade::new(name, Box::new(instance), inner, *k, *lenience);
+                Box::new(match (adaptive, self.adaptive) {
+                    (true, _) => cascade.with_adaptive(self.cost(&model)?),
+                    (false, true) => cascade.with_cost(self.cost(&model)?),
+                    _ => cascade,
+                })
+            }
+            DrafterPlan::Adaptive { parts } => {
+                let parts = parts
+                    .iter()
+                    .map(|n| self.drafter(n, target))
+                    .collect::<Result<Vec<_>>>()?;
+                Box::new(AdaptiveCascade::new(name, parts))
             }
             DrafterPlan::Horizontal { parts } => {
                 let parts = parts

@@ -3,19 +3,25 @@
 //! Autoregressive decoding is the same loop with no drafter: every round feeds the last
 //! committed token alone and samples the next from the target.
 
-use crate::drafter::{Draft, Drafter, NodeStats};
+use crate::costs::ForwardCost;
+use crate::draft::{Drafter, NodeStats};
 use crate::error::{Error, Result};
-use crate::model::Logits;
+use crate::gate::BucketCount;
 use crate::model::Model;
-use crate::review::{review, ReviewCounts, Verdict};
-use crate::sampling::{Dist, Sampling};
+use crate::review::ReviewCounts;
+use crate::reviewer::{ReviewRule, Reviewer};
+use crate::sampling::{Rng, Sampling};
 use crate::stream::TextStream;
 use crate::tokenizer::Tokenizer;
-use crate::verifier::Verifier;
-use rand::rngs::StdRng;
 use rand::SeedableRng;
 use serde::Serialize;
 use std::time::Instant;
+
+/// Whether `CASCADE_TRACE=1`: every round's draft, prediction and time on standard error.
+pub(crate) fn trace() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("CASCADE_TRACE").is_ok_and(|v| v == "1"))
+}
 
 /// Per-call generation settings.
 #[derive(Clone, Debug)]
@@ -70,6 +76,20 @@ pub struct Stats {
     pub reviews: ReviewCounts,
     pub prefill_seconds: f64,
     pub decode_seconds: f64,
+    /// With adaptive drafting: the rounds' expected tokens and seconds as the cost model
+    /// predicted them when each draft was made (sums over rounds).
+    pub predicted_tokens: f64,
+    pub predicted_seconds: f64,
+    /// With adaptive drafting: the target's reviews of each drafter by confidence bucket.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub acceptance_by_confidence: Vec<SourceBuckets>,
+}
+
+/// A drafter's reviews at one level, by confidence bucket.
+#[derive(Clone, Debug, Default, Serialize, serde::Deserialize, PartialEq)]
+pub struct SourceBuckets {
+    pub drafter: String,
+    pub buckets: Vec<BucketCount>,
 }
 
 impl Stats {
@@ -89,6 +109,16 @@ impl Stats {
         self.reviews.acceptance_by_position()
     }
 
+    /// The decode speed the cost model predicted, in tokens per second (0 without adaptive
+    /// drafting).
+    pub fn predicted_tokens_per_second(&self) -> f64 {
+        if self.predicted_seconds > 0.0 {
+            self.predicted_tokens / self.predicted_seconds
+        } else {
+            0.0
+        }
+    }
+
     /// Mean draft length per target call.
     pub fn mean_draft_len(&self) -> f64 {
         self.drafted as f64 / self.target_calls.max(1) as f64
@@ -99,26 +129,6 @@ impl Stats {
         self.drafted += drafted;
         self.accepted += accepted;
     }
-}
-
-/// Holds plug-in drafters to their contract: at most `k` tokens, one distribution per token,
-/// ids inside the vocabulary.
-fn check_draft(draft: &mut Draft, k: usize, vocab: usize) -> Result<()> {
-    if draft.tokens.len() != draft.dists.len() {
-        return Err(Error::Drafter(format!(
-            "{} tokens but {} distributions",
-            draft.tokens.len(),
-            draft.dists.len()
-        )));
-    }
-    if let Some(&t) = draft.tokens.iter().find(|&&t| t as usize >= vocab) {
-        return Err(Error::Drafter(format!(
-            "token id {t} is outside the vocabulary ({vocab} tokens)"
-        )));
-    }
-    draft.tokens.truncate(k);
-    draft.dists.truncate(k);
-    Ok(())
 }
 
 /// The result of one generation.
@@ -133,15 +143,11 @@ pub struct Generation {
     pub drafter: Option<NodeStats>,
 }
 
-/// The signature of a review rule; [`review`] is the exact one.
-pub type ReviewFn = fn(&[u32], &[Dist], &Logits, &Sampling, f32, &mut StdRng) -> Verdict;
-
 /// A target model with an optional drafter.
 pub struct Engine {
-    target: Verifier,
+    target: Reviewer,
     pub drafter: Option<Box<dyn Drafter>>,
     pub tokenizer: Tokenizer,
-    reviewer: ReviewFn,
 }
 
 impl Engine {
@@ -151,10 +157,9 @@ impl Engine {
         tokenizer: Tokenizer,
     ) -> Self {
         Self {
-            target: Verifier::new(target),
+            target: Reviewer::new(target, 1.0),
             drafter,
             tokenizer,
-            reviewer: review,
         }
     }
 
@@ -164,9 +169,21 @@ impl Engine {
 
     /// Replaces the target's review rule: for experiments, and for tests that show a broken
     /// rule is caught by the distribution test.
-    pub fn with_reviewer(mut self, reviewer: ReviewFn) -> Self {
-        self.reviewer = reviewer;
+    pub fn with_review_rule(mut self, rule: ReviewRule) -> Self {
+        self.target.set_rule(rule);
         self
+    }
+
+    /// Sizes the target's drafts adaptively (see [`crate::gate`]) with its measured forward
+    /// cost: `GenerateOptions::k` becomes an upper bound.
+    pub fn with_adaptive(mut self, verify: ForwardCost) -> Self {
+        self.target.set_adaptive(verify);
+        self
+    }
+
+    /// The target's forward cost when drafts are sized adaptively.
+    pub fn adaptive(&self) -> Option<&crate::gate::Adaptive> {
+        self.target.adaptive()
     }
 
     /// Generates a continuation of `prompt`, calling `on_text` with each piece of final text.
@@ -194,7 +211,7 @@ impl Engine {
                 context: max_len,
             });
         }
-        let mut rng = StdRng::seed_from_u64(opts.seed);
+        let mut rng = Rng::seed_from_u64(opts.seed);
         let mut stats = Stats {
             prompt_tokens: prompt.len(),
             ..Stats::default()
@@ -204,13 +221,13 @@ impl Engine {
         let mut generated = Vec::new();
 
         let start = Instant::now();
-        self.target.reset();
+        self.target.set_lenience(opts.lenience);
         if let Some(d) = self.drafter.as_mut() {
             d.start(prompt)?;
         }
         // The target's cache holds the committed sequence minus its last token, which is
         // fed at the head of each round.
-        self.target.prepare(prompt)?;
+        self.target.start(prompt)?;
         stats.prefill_seconds = start.elapsed().as_secs_f64();
 
         let start = Instant::now();
@@ -226,30 +243,30 @@ impl Engine {
                 .k
                 .min(opts.max_new_tokens - generated.len() - 1)
                 .min(max_len - context.len());
-            let mut draft = match self.drafter.as_mut() {
-                Some(d) if k > 0 => d.draft(&context, k, &opts.sampling, &mut rng)?,
-                _ => Draft::default(),
-            };
-            check_draft(&mut draft, k, self.target.model().vocab_size())?;
-            let logits = self.target.score(&context, &draft.tokens)?;
+            let drafter = self.drafter.as_deref_mut();
+            let round_start = Instant::now();
+            let round = self
+                .target
+                .round(&context, drafter, k, &opts.sampling, &mut rng, false)?;
+            if trace() {
+                let (e, t) = round.predicted.unwrap_or((0.0, 0.0));
+                eprintln!(
+                    "round {:>3}: drafted {} accepted {} | predicted {:.2} tokens in {:.1} ms | took {:.1} ms",
+                    stats.target_calls,
+                    round.drafted,
+                    round.accepted,
+                    e,
+                    t * 1e3,
+                    round_start.elapsed().as_secs_f64() * 1e3
+                );
+            }
             stats.target_calls += 1;
-            let verdict = (self.reviewer)(
-                &draft.tokens,
-                &draft.dists,
-                &logits,
-                &opts.sampling,
-                opts.lenience,
-                &mut rng,
-            );
-            stats.record(draft.len(), verdict.accepted);
-            // Roll back the target past the rejected draft tokens.
-            self.target.settle(context.len() + verdict.accepted);
-
-            let new_tokens = draft.tokens[..verdict.accepted]
-                .iter()
-                .copied()
-                .chain([verdict.next]);
-            for token in new_tokens {
+            stats.record(round.drafted, round.accepted);
+            if let Some((tokens, seconds)) = round.predicted {
+                stats.predicted_tokens += tokens;
+                stats.predicted_seconds += seconds;
+            }
+            for token in round.tokens {
                 context.push(token);
                 if self.tokenizer.is_eos(token) {
                     break 'rounds FinishReason::Eos;
@@ -264,6 +281,7 @@ impl Engine {
                     break 'rounds FinishReason::Length;
                 }
             }
+            self.target.commit(&context);
             if let Some(d) = self.drafter.as_mut() {
                 d.commit(&context);
             }
@@ -271,6 +289,9 @@ impl Engine {
         on_text(stream.take_final(true));
         stats.decode_seconds = start.elapsed().as_secs_f64();
         stats.generated_tokens = generated.len();
+        if let Some(a) = self.target.adaptive() {
+            stats.acceptance_by_confidence = a.report();
+        }
         Ok(Generation {
             text: stream.text().to_string(),
             tokens: generated,

@@ -35,19 +35,22 @@
 pub mod bench;
 pub mod chat;
 pub mod config;
+pub mod costs;
+pub mod draft;
 pub mod drafter;
 pub mod engine;
 pub mod error;
+pub mod gate;
 pub mod model;
 pub mod ngram;
 pub mod planner;
 pub mod plot;
 pub mod profile;
 pub mod review;
+pub mod reviewer;
 pub mod sampling;
 pub mod stream;
 pub mod theory;
 pub mod tokenizer;
-pub mod verifier;
 
 pub use error::{Error, Result};

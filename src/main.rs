@@ -222,7 +222,7 @@ fn generate(args: GenerateArgs) -> Result<()> {
     );
     let mut store = cascade::model::ModelStore::default();
     let mut engine = plan.build_with(&mut store, &mut |what, done, total| {
-        bar.set_message(format!("loading {what}"));
+        bar.set_message(what.to_string());
         bar.set_length(total as u64);
         bar.set_position(done as u64);
     })?;
@@ -249,8 +249,12 @@ fn generate(args: GenerateArgs) -> Result<()> {
         if !args.json {
             println!();
             let st = &out.stats;
+            let predicted = match st.predicted_tokens_per_second() {
+                p if p > 0.0 => format!(" (cost model: {p:.2})"),
+                _ => String::new(),
+            };
             eprintln!(
-                "[seed {}: {} tokens ({:?}), {:.2} tokens/s, {:.2} tokens per target call, {}/{} drafted accepted, prefill {:.2}s]",
+                "[seed {}: {} tokens ({:?}), {:.2} tokens/s{predicted}, {:.2} tokens per target call, {}/{} drafted accepted, prefill {:.2}s]",
                 opts.seed,
                 st.generated_tokens,
                 out.finish_reason,

@@ -292,6 +292,12 @@ fn part_cost(
                 node.name
             )))
         }
+        DrafterPlan::Adaptive { .. } => {
+            return Err(Error::Plan(format!(
+                "`{}`: an adaptive cascade sizes its drafts while generating; it is not planned",
+                node.name
+            )))
+        }
     })
 }
 

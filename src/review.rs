@@ -16,8 +16,8 @@
 //! `l > 1` changes the output distribution: it is for reviews inside a cascade, never the target.
 
 use crate::model::Logits;
-use crate::sampling::{argmax, sample_weights, Dist, Sampling};
-use rand::Rng;
+use crate::sampling::{argmax, sample_weights, Dist, Rng, Sampling};
+use rand::Rng as _;
 use serde::{Deserialize, Serialize};
 
 /// What a review decided: the first `accepted` draft tokens are kept, then `next` follows
@@ -29,49 +29,16 @@ pub struct Verdict {
 }
 
 /// Reviews `draft` (with its distributions `q`) against `logits`, whose row `i` scores
-/// position `i` of the draft and row `draft.len()` the position after it.
+/// position `i` of the draft and row `draft.len()` the position after it. With `emitted`, also
+/// pushes the distribution each emitted token (the accepted ones, then `next`) was effectively
+/// drawn from: what a cascade reports to the level above it (see [`emitted_distribution`]).
 pub fn review(
     draft: &[u32],
     q: &[Dist],
     logits: &Logits,
     sampling: &Sampling,
     lenience: f32,
-    rng: &mut impl Rng,
-) -> Verdict {
-    review_core(draft, q, logits, sampling, lenience, rng, None)
-}
-
-/// [`review`], also returning the distribution each emitted token (the accepted ones, then
-/// `next`) was effectively drawn from: what a cascade reports to the level above it.
-/// See [`emitted_distribution`].
-pub fn review_emitting(
-    draft: &[u32],
-    q: &[Dist],
-    logits: &Logits,
-    sampling: &Sampling,
-    lenience: f32,
-    rng: &mut impl Rng,
-) -> (Verdict, Vec<Dist>) {
-    let mut emitted = Vec::with_capacity(draft.len() + 1);
-    let verdict = review_core(
-        draft,
-        q,
-        logits,
-        sampling,
-        lenience,
-        rng,
-        Some(&mut emitted),
-    );
-    (verdict, emitted)
-}
-
-fn review_core(
-    draft: &[u32],
-    q: &[Dist],
-    logits: &Logits,
-    sampling: &Sampling,
-    lenience: f32,
-    rng: &mut impl Rng,
+    rng: &mut Rng,
     mut emitted: Option<&mut Vec<Dist>>,
 ) -> Verdict {
     debug_assert_eq!(draft.len(), q.len());
@@ -157,7 +124,7 @@ pub fn emitted_distribution(p: &Dist, q: &Dist, lenience: f32) -> Dist {
 
 /// Draws from `norm(max(0, p - q))`; if that is empty (p <= q everywhere, so p = q up to
 /// rounding), from `p`.
-pub fn residual_sample(p: &Dist, q: &Dist, rng: &mut impl Rng) -> u32 {
+pub fn residual_sample(p: &Dist, q: &Dist, rng: &mut impl rand::Rng) -> u32 {
     let Dist::Dense(pd) = p else {
         return p.argmax(); // a point-mass p: the only token it allows
     };
@@ -274,7 +241,7 @@ mod tests {
 
     fn greedy(draft: &[u32], rows: &[&[f32]], lenience: f32) -> Verdict {
         let q: Vec<Dist> = draft.iter().map(|&t| Dist::Point(t)).collect();
-        let mut rng = rand::rngs::StdRng::seed_from_u64(0);
+        let mut rng = Rng::seed_from_u64(0);
         review(
             draft,
             &q,
@@ -282,6 +249,7 @@ mod tests {
             &Sampling::greedy(),
             lenience,
             &mut rng,
+            None,
         )
     }
 
@@ -348,7 +316,7 @@ mod tests {
             assert!((a - b).abs() < 1e-6, "{e:?}");
         }
         // Checked against a simulation of the lenient review.
-        let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+        let mut rng = Rng::seed_from_u64(7);
         let logits = Logits::new(
             vec![0.5f32.ln(), 0.3f32.ln(), 0.2f32.ln(), 0.0, 0.0, 0.0],
             3,
@@ -362,7 +330,15 @@ mod tests {
         let n = 200_000;
         for _ in 0..n {
             let x = q.sample(&mut rng);
-            let v = review(&[x], std::slice::from_ref(&q), &logits, &s, 2.0, &mut rng);
+            let v = review(
+                &[x],
+                std::slice::from_ref(&q),
+                &logits,
+                &s,
+                2.0,
+                &mut rng,
+                None,
+            );
             counts[if v.accepted == 1 { x } else { v.next } as usize] += 1.0;
         }
         for (c, w) in counts.iter().zip(want) {

@@ -6,8 +6,12 @@
 //! [`Sampling::distribution`], applied identically everywhere; temperature 0 gives a point mass.
 
 use crate::error::{Error, Result};
-use rand::Rng;
 use serde::{Deserialize, Serialize};
+
+/// The random number generator of every sampling decision: ChaCha12, seeded from a `u64`
+/// ([`rand::SeedableRng::seed_from_u64`]). Its output is fixed by its algorithm, unlike
+/// `rand`'s `StdRng`, so a seed gives the same tokens across dependency upgrades.
+pub type Rng = rand_chacha::ChaCha12Rng;
 
 /// Sampling settings. `temperature = 0` is greedy; `top_k = 0` and `top_p = 1` disable those filters.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
@@ -96,6 +100,12 @@ impl Sampling {
     }
 }
 
+/// The largest probability of `softmax(logits)`, without building the distribution.
+pub fn softmax_max(logits: &[f32]) -> f32 {
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    1.0 / logits.iter().map(|&l| (l - max).exp()).sum::<f32>()
+}
+
 /// The index of the largest value (the lowest index among equals).
 pub fn argmax(values: &[f32]) -> u32 {
     let mut best = 0;
@@ -163,7 +173,7 @@ impl Dist {
     }
 
     /// Draws one token.
-    pub fn sample(&self, rng: &mut impl Rng) -> u32 {
+    pub fn sample(&self, rng: &mut impl rand::Rng) -> u32 {
         match self {
             Dist::Point(t) => *t,
             Dist::Dense(p) => sample_weights(p, rng),
@@ -208,7 +218,7 @@ impl Dist {
 }
 
 /// Draws an index with probability proportional to `weights` (non-negative, positive sum).
-pub fn sample_weights(weights: &[f32], rng: &mut impl Rng) -> u32 {
+pub fn sample_weights(weights: &[f32], rng: &mut impl rand::Rng) -> u32 {
     let total: f32 = weights.iter().sum();
     let mut u = rng.random::<f32>() * total;
     let mut last = 0;

@@ -32,6 +32,16 @@ fn cascade_env(args: &[&str], stdin: Option<&str>, env: &[(&str, &str)]) -> (boo
     )
 }
 
+/// The number of categories in the bench's default prompt suite.
+fn suite_categories() -> usize {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("prompts/suite.jsonl");
+    let suite = cascade::bench::load_suite(&path).unwrap();
+    let mut categories: Vec<_> = suite.iter().map(|p| p.category.clone()).collect();
+    categories.sort();
+    categories.dedup();
+    categories.len()
+}
+
 #[test]
 fn generate_json_carries_ids_text_and_counters_for_each_sample() {
     let _s = serial();
@@ -402,7 +412,11 @@ fn a_small_bench_run_writes_a_complete_report() {
         assert!(!report[key].is_null(), "missing {key}");
     }
     let runs = report["runs"].as_array().unwrap();
-    assert_eq!(runs.len(), 12, "6 categories x (autoregressive + max-gram)");
+    assert_eq!(
+        runs.len(),
+        2 * suite_categories(),
+        "one prompt per category x (autoregressive + max-gram)"
+    );
     for key in [
         "config",
         "category",
@@ -515,8 +529,8 @@ fn plan_without_a_report_calibrates_first() {
     let report: cascade::bench::Report =
         serde_json::from_str(&std::fs::read_to_string(out.path().join("report.json")).unwrap())
             .unwrap();
-    // One prompt of each of the six categories, autoregressive and speculative.
-    assert_eq!(report.runs.len(), 12);
+    // One prompt of each category, autoregressive and speculative.
+    assert_eq!(report.runs.len(), 2 * suite_categories());
     // Calibration settings go with calibration only.
     let (ok, _, err) = cascade(
         &[

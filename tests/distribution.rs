@@ -8,18 +8,20 @@
 
 mod common;
 
+use cascade::costs::ForwardCost;
+use cascade::draft::{Draft, Request};
 use cascade::drafter::{
-    BigramDrafter, Drafter, HorizontalCascade, MaxGramDrafter, MaxGramPolicy, NeuralDrafter,
-    VerticalCascade,
+    AdaptiveCascade, BigramDrafter, Drafter, HorizontalCascade, MaxGramDrafter, MaxGramPolicy,
+    NeuralDrafter, VerticalCascade,
 };
 use cascade::engine::{Engine, GenerateOptions};
 use cascade::model::Logits;
 use cascade::ngram::BigramTable;
 use cascade::review::Verdict;
+use cascade::sampling::Rng;
 use cascade::sampling::{Dist, Sampling};
 use common::{toy_tokenizer, ToyModel};
-use rand::rngs::StdRng;
-use rand::Rng;
+use rand::Rng as _;
 use std::sync::Arc;
 
 const VOCAB: usize = 6;
@@ -53,23 +55,23 @@ fn exact(s: &Sampling) -> Vec<f64> {
     cells
 }
 
-fn engine(reviewer: Option<cascade::engine::ReviewFn>) -> Engine {
+fn engine(reviewer: Option<cascade::reviewer::ReviewRule>) -> Engine {
     engine_with(
         Box::new(NeuralDrafter::new("toy-draft", Box::new(drafter()))),
         reviewer,
     )
 }
 
-fn engine_with(d: Box<dyn Drafter>, reviewer: Option<cascade::engine::ReviewFn>) -> Engine {
+fn engine_with(d: Box<dyn Drafter>, reviewer: Option<cascade::reviewer::ReviewRule>) -> Engine {
     let e = Engine::new(Box::new(target()), Some(d), toy_tokenizer(VOCAB));
     match reviewer {
-        Some(r) => e.with_reviewer(r),
+        Some(r) => e.with_review_rule(r),
         None => e,
     }
 }
 
 /// Counts of (first, second) pairs over `SAMPLES` seeds, drafting `k` tokens per call.
-fn sampled(s: &Sampling, k: usize, reviewer: Option<cascade::engine::ReviewFn>) -> Vec<u64> {
+fn sampled(s: &Sampling, k: usize, reviewer: Option<cascade::reviewer::ReviewRule>) -> Vec<u64> {
     sampled_with(&mut engine(reviewer), s, k, (0.2, 0.9))
 }
 
@@ -196,7 +198,8 @@ fn review_without_residual(
     logits: &Logits,
     s: &Sampling,
     _lenience: f32,
-    rng: &mut StdRng,
+    rng: &mut Rng,
+    _emitted: Option<&mut Vec<Dist>>,
 ) -> Verdict {
     for (i, (&x, qi)) in draft.iter().zip(q).enumerate() {
         let p = s.distribution(logits.row(i));
@@ -250,6 +253,7 @@ fn statistical_drafters_keep_the_target_distribution() {
         max_ngram: 4,
         min_match: 1,
         bigram_tokens: 4,
+        ..Default::default()
     };
     let drafters: Vec<(&str, Box<dyn Drafter>)> = vec![
         (
@@ -361,6 +365,7 @@ fn every_cascade_shape_decodes_greedily_like_the_target() {
                 max_ngram: 4,
                 min_match: 1,
                 bigram_tokens: 3,
+                ..Default::default()
             },
             Some(toy_table()),
         ))
@@ -481,4 +486,155 @@ fn measured_tokens_per_call_match_the_closed_form() {
             "g={g}: measured {got:.3}, formula {want:.3}"
         );
     }
+}
+
+/// A verify cost where each extra scored token adds 15% of a decode step: an adaptive gate
+/// then declines positions that are unlikely enough, so drafts of every length occur.
+fn verify_cost() -> ForwardCost {
+    ForwardCost {
+        decode_seconds: 0.01,
+        ratios: (1..=16).map(|k| (k, 1.0 + 0.15 * (k - 1) as f64)).collect(),
+        per_context: Vec::new(),
+    }
+}
+
+/// Adaptive drafting (the gate, the dynamic horizontal cascade, an adaptive vertical cascade
+/// inside it) keeps the target's distribution at temperatures 0.7 and 1.0: draft lengths
+/// follow the drafters' confidence and the learned acceptance, both known before each token
+/// is sampled.
+#[test]
+fn adaptive_drafting_keeps_the_target_distribution() {
+    let policy = MaxGramPolicy {
+        max_ngram: 4,
+        min_match: 1,
+        bigram_tokens: 2,
+        ..Default::default()
+    };
+    let draft_cost = ForwardCost {
+        decode_seconds: 0.001,
+        ratios: vec![(1, 1.0)],
+        per_context: Vec::new(),
+    };
+    let neural = || NeuralDrafter::new("d", Box::new(drafter())).with_cost(&draft_cost);
+    let mag = || MaxGramDrafter::new("mag", policy, Some(toy_table()));
+    // A reviewer a fifth of the target's cost.
+    let reviewer_cost = ForwardCost {
+        decode_seconds: 0.002,
+        ..verify_cost()
+    };
+    let vertical = || {
+        let reviewer = Box::new(ToyModel::new(33, VOCAB, 3.0));
+        VerticalCascade::new("r", reviewer, Box::new(neural()), 3, 1.0)
+            .with_adaptive(reviewer_cost.clone())
+    };
+    let mut failures = Vec::new();
+    for (label, s) in [&settings()[0], &settings()[1]] {
+        let p = exact(s);
+        let drafters: Vec<(&str, Box<dyn Drafter>)> = vec![
+            ("adaptive gate, neural drafter", Box::new(neural())),
+            (
+                "dynamic cascade of Max-Gram and the neural drafter",
+                Box::new(AdaptiveCascade::new(
+                    "auto",
+                    vec![Box::new(mag()), Box::new(neural())],
+                )),
+            ),
+            (
+                "dynamic cascade of Max-Gram and an adaptive vertical cascade",
+                Box::new(AdaptiveCascade::new(
+                    "auto",
+                    vec![Box::new(mag()), Box::new(vertical())],
+                )),
+            ),
+        ];
+        for (name, d) in drafters {
+            let mut e = Engine::new(Box::new(target()), Some(d), toy_tokenizer(VOCAB))
+                .with_adaptive(verify_cost());
+            let (counts, mean_draft) = sampled_with_drafts(&mut e, s, 4);
+            // The gate must have both drafted and declined for the test to mean much.
+            assert!(
+                (0.3..3.7).contains(&mean_draft),
+                "{name}, {label}: mean draft length {mean_draft:.2}"
+            );
+            match chi_square(&p, &counts) {
+                Ok(stat) => {
+                    eprintln!("{name}, {label}: chi-square {stat:.1}, mean draft {mean_draft:.2}")
+                }
+                Err(err) => failures.push(format!("{name}, {label}: {err}")),
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{failures:#?}");
+}
+
+/// Counts of (first, second) pairs over `SAMPLES` seeds, and the mean length of the first draft.
+fn sampled_with_drafts(e: &mut Engine, s: &Sampling, k: usize) -> (Vec<u64>, f64) {
+    let mut counts = vec![0u64; VOCAB * VOCAB];
+    let mut first_drafts = 0usize;
+    let mut opts = GenerateOptions {
+        max_new_tokens: k + 1,
+        sampling: *s,
+        k,
+        ..Default::default()
+    };
+    let offset: u64 = std::env::var("SEED_OFFSET")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    for seed in offset..offset + SAMPLES {
+        opts.seed = seed;
+        let out = e.generate(&PROMPT, &opts, &mut |_| {}).unwrap();
+        counts[out.tokens[0] as usize * VOCAB + out.tokens[1] as usize] += 1;
+        first_drafts += out.stats.reviews.drafted_at.first().map_or(0, |_| {
+            out.stats
+                .reviews
+                .drafted_at
+                .iter()
+                .filter(|&&c| c > 0)
+                .count()
+        });
+    }
+    (counts, first_drafts as f64 / SAMPLES as f64)
+}
+
+/// Deliberately wrong: samples its token first, then asks the gate with a confidence that
+/// depends on which token came out (high for its argmax), while reporting the distribution it
+/// sampled from. Under an adaptive gate it proposes mostly its argmax, so the tokens it
+/// proposes no longer follow the distribution it reports.
+struct Peeking;
+
+impl Drafter for Peeking {
+    fn name(&self) -> &str {
+        "peeking"
+    }
+
+    fn draft(&mut self, context: &[u32], request: &mut Request) -> cascade::Result<Draft> {
+        let q = request
+            .sampling()
+            .distribution(&drafter().logits_after(context));
+        let x = q.sample(request.rng());
+        let confidence = if x == q.argmax() { 0.99 } else { 0.01 };
+        let mut draft = Draft::new();
+        if request.admit(Some(confidence)) {
+            draft.push(x, q);
+        }
+        Ok(draft)
+    }
+}
+
+#[test]
+fn a_gate_asked_after_sampling_fails_the_test() {
+    let s = settings()[1].1;
+    let mut e = Engine::new(
+        Box::new(target()),
+        Some(Box::new(Peeking)),
+        toy_tokenizer(VOCAB),
+    )
+    .with_adaptive(verify_cost());
+    let (counts, mean_draft) = sampled_with_drafts(&mut e, &s, 1);
+    assert!(mean_draft > 0.1, "{mean_draft}");
+    assert!(
+        chi_square(&exact(&s), &counts).is_err(),
+        "a gate decision that depends on the sampled token went undetected"
+    );
 }

@@ -1,16 +1,15 @@
 //! A drafter that follows a bigram table.
 
-use super::max_gram::bigram_chain;
-use super::{Draft, Drafter, NodeStats};
+use crate::draft::{Draft, Drafter, NodeKind, NodeStats, Request};
 use crate::error::Result;
 use crate::ngram::BigramTable;
-use crate::sampling::{Dist, Sampling};
-use rand::rngs::StdRng;
+use crate::sampling::Dist;
 use std::sync::Arc;
 
 /// Drafts by following the table: its most likely successor each step (a point mass), or,
 /// with `sample`, a successor drawn from the table's row renormalized over the successors it
-/// keeps, reported with exactly that distribution so the review stays exact.
+/// keeps, reported with exactly that distribution so the review stays exact. Its confidence
+/// in a token is the table's probability of the most likely successor.
 pub struct BigramDrafter {
     name: String,
     table: Arc<BigramTable>,
@@ -32,27 +31,20 @@ impl Drafter for BigramDrafter {
         &self.name
     }
 
-    fn draft(
-        &mut self,
-        context: &[u32],
-        k: usize,
-        _: &Sampling,
-        rng: &mut StdRng,
-    ) -> Result<Draft> {
+    fn draft(&mut self, context: &[u32], request: &mut Request) -> Result<Draft> {
+        let mut draft = Draft::new();
         let Some(&last) = context.last() else {
-            return Ok(Draft::default());
+            return Ok(draft);
         };
         if !self.sample {
-            let tokens = bigram_chain(&self.table, last, k);
-            let dists = tokens.iter().map(|&t| Dist::Point(t)).collect();
-            return Ok(Draft { tokens, dists });
+            follow_table(&self.table, last, usize::MAX, request, &mut draft);
+            return Ok(draft);
         }
-        let mut draft = Draft::default();
         let mut prev = last;
-        while draft.len() < k {
+        loop {
             let (next, probs) = self.table.successors(prev);
             let total: f32 = probs.iter().sum();
-            if next.is_empty() || total <= 0.0 {
+            if next.is_empty() || total <= 0.0 || !request.admit(Some(probs[0] / total)) {
                 break;
             }
             let q = Dist::Sparse(
@@ -61,23 +53,35 @@ impl Drafter for BigramDrafter {
                     .map(|(&t, &p)| (t, p / total))
                     .collect(),
             );
-            prev = q.sample(rng);
+            prev = q.sample(request.rng());
             draft.push(prev, q);
         }
         Ok(draft)
     }
 
-    fn commit(&mut self, _: &[u32]) {}
-
-    fn start(&mut self, _: &[u32]) -> Result<()> {
-        Ok(())
-    }
-
     fn stats(&self) -> NodeStats {
-        NodeStats {
-            name: self.name.clone(),
-            kind: "bigram".into(),
-            ..Default::default()
+        NodeStats::new(&self.name, NodeKind::Bigram)
+    }
+}
+
+/// Appends the table's most likely successors from `last` to `draft`, at most `limit`, each
+/// admitted by `request` with the table's probability as confidence.
+pub(crate) fn follow_table(
+    table: &BigramTable,
+    mut last: u32,
+    limit: usize,
+    request: &mut Request,
+    draft: &mut Draft,
+) {
+    for _ in 0..limit {
+        let (next, probs) = table.successors(last);
+        let (Some(&t), Some(&p)) = (next.first(), probs.first()) else {
+            break;
+        };
+        if !request.admit(Some(p)) {
+            break;
         }
+        draft.push(t, Dist::Point(t));
+        last = t;
     }
 }

@@ -1,9 +1,8 @@
 //! Horizontal cascade: the positions of one draft split between drafters.
 
-use super::{Draft, Drafter, NodeStats};
+use crate::draft::{Draft, Drafter, NodeKind, NodeStats, Request};
 use crate::error::Result;
-use crate::sampling::Sampling;
-use rand::rngs::StdRng;
+use crate::gate::Source;
 
 /// Fills a draft from a schedule of (drafter, tokens): the first tokens from the first
 /// drafter, the next from the second continuing from them, and so on (CS Drafting 3.2:
@@ -11,16 +10,47 @@ use rand::rngs::StdRng;
 /// returns fewer tokens than its share leaves the rest to the next one.
 pub struct HorizontalCascade {
     name: String,
-    parts: Vec<(Box<dyn Drafter>, usize)>,
+    parts: Vec<Part>,
+}
+
+/// A drafter of a horizontal cascade and its share of the draft.
+struct Part {
+    drafter: Box<dyn Drafter>,
+    source: Source,
+    share: usize,
 }
 
 impl HorizontalCascade {
     pub fn new(name: impl Into<String>, parts: Vec<(Box<dyn Drafter>, usize)>) -> Self {
         Self {
             name: name.into(),
-            parts,
+            parts: parts
+                .into_iter()
+                .map(|(drafter, share)| Part {
+                    source: drafter.name().into(),
+                    drafter,
+                    share,
+                })
+                .collect(),
         }
     }
+}
+
+/// Asks `drafter` (as `source`) for up to `cap` tokens continuing `seq`, through a part of
+/// `request`, and holds it to the contract.
+pub(crate) fn ask_part(
+    drafter: &mut dyn Drafter,
+    source: &Source,
+    seq: &[u32],
+    request: &mut Request,
+    cap: usize,
+) -> Result<Draft> {
+    let mut part = request.part(source, cap);
+    let draft = drafter.draft(seq, &mut part)?;
+    part.check(&draft, drafter.name())?;
+    let admitted = part.admitted();
+    request.count_part(admitted);
+    Ok(draft)
 }
 
 impl Drafter for HorizontalCascade {
@@ -28,40 +58,36 @@ impl Drafter for HorizontalCascade {
         &self.name
     }
 
-    fn draft(
-        &mut self,
-        context: &[u32],
-        k: usize,
-        sampling: &Sampling,
-        rng: &mut StdRng,
-    ) -> Result<Draft> {
+    fn draft(&mut self, context: &[u32], request: &mut Request) -> Result<Draft> {
         let mut seq = context.to_vec();
-        let mut out = Draft::default();
-        for (drafter, share) in &mut self.parts {
-            if out.len() >= k {
+        let mut out = Draft::new();
+        for p in &mut self.parts {
+            if request.remaining() == 0 {
                 break;
             }
-            let part = drafter.draft(&seq, (*share).min(k - out.len()), sampling, rng)?;
-            seq.extend_from_slice(&part.tokens);
-            out.extend(part);
+            let draft = ask_part(p.drafter.as_mut(), &p.source, &seq, request, p.share)?;
+            seq.extend_from_slice(draft.tokens());
+            out.append(draft);
         }
         Ok(out)
     }
 
     fn commit(&mut self, context: &[u32]) {
-        self.parts.iter_mut().for_each(|(d, _)| d.commit(context));
+        self.parts
+            .iter_mut()
+            .for_each(|p| p.drafter.commit(context));
     }
 
     fn start(&mut self, prompt: &[u32]) -> Result<()> {
-        self.parts.iter_mut().try_for_each(|(d, _)| d.start(prompt))
+        self.parts
+            .iter_mut()
+            .try_for_each(|p| p.drafter.start(prompt))
     }
 
     fn stats(&self) -> NodeStats {
         NodeStats {
-            name: self.name.clone(),
-            kind: "horizontal".into(),
-            children: self.parts.iter().map(|(d, _)| d.stats()).collect(),
-            ..Default::default()
+            children: self.parts.iter().map(|p| p.drafter.stats()).collect(),
+            ..NodeStats::new(&self.name, NodeKind::Horizontal)
         }
     }
 }

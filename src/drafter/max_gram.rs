@@ -1,12 +1,13 @@
 //! Max-Gram (CS Drafting, section 3.3 and Appendix A): copy what followed the longest earlier
 //! occurrence of the text's suffix, falling back to a bigram table.
 
-use super::{common_prefix, Draft, Drafter, NodeStats};
+use super::bigram::follow_table;
+use crate::draft::{Draft, Drafter, NodeKind, NodeStats, Request};
 use crate::error::Result;
+use crate::model::common_prefix;
 use crate::ngram::BigramTable;
-use crate::sampling::{Dist, Sampling};
+use crate::sampling::Dist;
 use fxhash::FxHashMap;
-use rand::rngs::StdRng;
 use std::sync::Arc;
 
 /// The longest earlier occurrence of a sequence's suffix.
@@ -130,11 +131,57 @@ impl MaxGram {
         best
     }
 
+    /// The longest match whose continuation is the one seen most often after the matched
+    /// suffix, and that continuation's share of the occurrences (the most recent
+    /// [`SCANNED`] occurrences and the first are counted). Among occurrences followed by that
+    /// token the rules of [`MaxGram::longest_match`] pick one.
+    pub fn best_continuation(&self) -> Option<(Match, f32)> {
+        let m = self.longest_match()?;
+        let n = m.len;
+        let t = self.tokens.len();
+        let key = self.keys(t).nth(n - 1)?;
+        let ends = self.index.get(&key)?;
+        let suffix = &self.tokens[t - n..];
+        let scanned = ends
+            .iter()
+            .take(1)
+            .chain(ends.iter().skip(1).rev().take(SCANNED))
+            .map(|&e| e as usize)
+            .filter(|&e| e < t && self.tokens[e - n..e] == *suffix);
+        let mut counts: FxHashMap<u32, (u32, usize)> = FxHashMap::default();
+        let mut total = 0u32;
+        for e in scanned {
+            total += 1;
+            let entry = counts.entry(self.tokens[e]).or_insert((0, e));
+            entry.0 += 1;
+            // Keep the preferred occurrence: in the prompt the earliest, else the latest.
+            let rank = |x: usize| match x < self.prompt_len {
+                true => (1, usize::MAX - x),
+                false => (0, x),
+            };
+            if rank(e) > rank(entry.1) {
+                entry.1 = e;
+            }
+        }
+        // Ties go to the longest match's own pick, then to the lower token id.
+        let chosen = self.tokens[m.end];
+        let (count, end) = counts
+            .into_iter()
+            .max_by_key(|&(tok, (c, _))| (c, tok == chosen, std::cmp::Reverse(tok)))
+            .map(|(_, v)| v)?;
+        Some((Match { len: n, end }, count as f32 / total.max(1) as f32))
+    }
+
     /// Up to `k` tokens copied from the longest match; empty if there is none.
     pub fn propose(&self, k: usize) -> Vec<u32> {
-        let Some(m) = self.longest_match() else {
-            return Vec::new();
-        };
+        match self.longest_match() {
+            Some(m) => self.copy(m, k),
+            None => Vec::new(),
+        }
+    }
+
+    /// Up to `k` tokens copied from match `m`.
+    pub fn copy(&self, m: Match, k: usize) -> Vec<u32> {
         let t = self.tokens.len();
         let mut out: Vec<u32> = Vec::with_capacity(k);
         for i in 0..k {
@@ -145,17 +192,25 @@ impl MaxGram {
     }
 }
 
+/// Occurrences of a match scanned for the most frequent continuation, most recent first.
+const SCANNED: usize = 255;
+
 /// How much the Max-Gram drafter proposes. A rejected draft token is not free (a verify
 /// forward over k tokens costs more than over one), so weak evidence drafts little: a match
-/// shorter than `min_match` is ignored, a match of length n proposes at most n tokens, and
-/// without a match the bigram table proposes at most `bigram_tokens`. The default is 0: on
+/// shorter than `min_match` is ignored, a match of length n proposes at most
+/// `n * length_per_match` tokens, and without a match the bigram table proposes at most
+/// `bigram_tokens`. The default is 0: on
 /// the bench suite, one bigram token per miss was accepted about 20% of the time and made
 /// Max-Gram slower (0.98x vs 1.13x autoregressive speed; see the README).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub struct MaxGramPolicy {
     pub max_ngram: usize,
     pub min_match: usize,
     pub bigram_tokens: usize,
+    /// A match of length n copies at most `n * length_per_match` tokens (rounded up); 0 leaves
+    /// the length to the gate (an adaptive one weighs each copied token by its confidence,
+    /// which grows with the match).
+    pub length_per_match: f32,
 }
 
 impl Default for MaxGramPolicy {
@@ -164,6 +219,7 @@ impl Default for MaxGramPolicy {
             max_ngram: 16,
             min_match: 2,
             bigram_tokens: 0,
+            length_per_match: 1.0,
         }
     }
 }
@@ -209,19 +265,33 @@ impl Drafter for MaxGramDrafter {
         &self.name
     }
 
-    fn draft(&mut self, context: &[u32], k: usize, _: &Sampling, _: &mut StdRng) -> Result<Draft> {
+    fn draft(&mut self, context: &[u32], request: &mut Request) -> Result<Draft> {
         self.sync(context);
-        let mut tokens = match self.index.longest_match() {
-            Some(m) if m.len >= self.policy.min_match => self.index.propose(k.min(m.len)),
-            _ => Vec::new(),
-        };
-        if tokens.is_empty() {
-            if let (Some(table), Some(&last)) = (&self.table, context.last()) {
-                tokens = bigram_chain(table, last, k.min(self.policy.bigram_tokens));
+        let mut draft = Draft::new();
+        if let Some((m, share)) = self.index.best_continuation() {
+            if m.len >= self.policy.min_match {
+                let cap = match self.policy.length_per_match {
+                    l if l > 0.0 => (m.len as f32 * l).ceil() as usize,
+                    _ => usize::MAX,
+                };
+                let copied = self.index.copy(m, cap.min(request.remaining()));
+                for (i, t) in copied.into_iter().enumerate() {
+                    // Confidence grows with the match (each copied token extends it by one
+                    // if the ones before it hold) and with the continuation's share.
+                    let matched = (m.len + i) as f32;
+                    if !request.admit(Some(share * matched / (matched + 1.0))) {
+                        break;
+                    }
+                    draft.push(t, Dist::Point(t));
+                }
             }
         }
-        let dists = tokens.iter().map(|&t| Dist::Point(t)).collect();
-        Ok(Draft { tokens, dists })
+        if draft.is_empty() {
+            if let (Some(table), Some(&last)) = (&self.table, context.last()) {
+                follow_table(table, last, self.policy.bigram_tokens, request, &mut draft);
+            }
+        }
+        Ok(draft)
     }
 
     fn commit(&mut self, context: &[u32]) {
@@ -236,30 +306,14 @@ impl Drafter for MaxGramDrafter {
     }
 
     fn stats(&self) -> NodeStats {
-        NodeStats {
-            name: self.name.clone(),
-            kind: "max_gram".into(),
-            ..Default::default()
-        }
+        NodeStats::new(&self.name, NodeKind::MaxGram)
     }
-}
-
-/// Follows the table's most likely successors from `last`, at most `k` steps.
-pub(crate) fn bigram_chain(table: &BigramTable, mut last: u32, k: usize) -> Vec<u32> {
-    let mut out = Vec::with_capacity(k);
-    while out.len() < k {
-        let Some(next) = table.most_likely(last) else {
-            break;
-        };
-        out.push(next);
-        last = next;
-    }
-    out
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::draft::propose;
 
     fn index(prompt: &[u32], generated: &[u32], max_ngram: usize) -> MaxGram {
         let mut m = MaxGram::new(max_ngram);
@@ -296,6 +350,22 @@ mod tests {
     }
 
     #[test]
+    fn the_most_frequent_continuation_wins_with_its_share() {
+        // [1, 2] is followed by 7 once (in the prompt) and by 9 twice (generated).
+        let m = index(&[1, 2, 7, 0, 1, 2, 9], &[5, 1, 2, 9, 4, 1, 2], 2);
+        let (best, share) = m.best_continuation().unwrap();
+        assert_eq!(best.len, 2);
+        assert_eq!(m.tokens()[best.end], 9);
+        assert!((share - 2.0 / 3.0).abs() < 1e-6, "{share}");
+        // Of the occurrences followed by 9, the prompt's is copied.
+        assert_eq!(best.end, 6);
+        assert_eq!(m.copy(best, 2), vec![9, 5]);
+        // A single occurrence: its continuation, all of the share.
+        let m = index(&[1, 2, 7], &[1, 2], 2);
+        assert_eq!(m.best_continuation(), Some((Match { len: 2, end: 2 }, 1.0)));
+    }
+
+    #[test]
     fn a_match_reaching_the_end_keeps_copying_its_own_proposal() {
         let m = index(&[1, 2, 1, 2], &[], 8);
         assert_eq!(m.longest_match(), Some(Match { len: 2, end: 2 }));
@@ -305,16 +375,14 @@ mod tests {
     #[test]
     fn the_policy_limits_proposals_by_match_length() {
         let mut d = MaxGramDrafter::new("mag", MaxGramPolicy::default(), None);
-        let mut rng = rand::SeedableRng::seed_from_u64(0);
-        let s = Sampling::greedy();
         // [.., 4, 5] matches at e=2 with length 2: at most 2 tokens.
         let ctx = [4, 5, 6, 7, 8, 9, 4, 5];
         d.start(&ctx).unwrap();
-        assert_eq!(d.draft(&ctx, 8, &s, &mut rng).unwrap().tokens, vec![6, 7]);
+        assert_eq!(propose(&mut d, &ctx, 8).tokens(), [6, 7]);
         // A match of length 1 is ignored (min_match = 2), and there is no table.
         let ctx = [4, 5, 6, 7, 8, 9, 5];
         d.start(&ctx).unwrap();
-        assert!(d.draft(&ctx, 8, &s, &mut rng).unwrap().is_empty());
+        assert!(propose(&mut d, &ctx, 8).is_empty());
     }
 
     #[test]
@@ -327,21 +395,16 @@ mod tests {
             max_ngram: 8,
             min_match: 1,
             bigram_tokens: 4,
+            ..Default::default()
         };
         let mut d = MaxGramDrafter::new("mag", policy, Some(table));
         d.start(&[1, 2, 9]).unwrap();
-        let mut rng = rand::SeedableRng::seed_from_u64(0);
-        let draft = d
-            .draft(&[1, 2, 9], 5, &Sampling::greedy(), &mut rng)
-            .unwrap();
-        assert_eq!(draft.tokens, vec![4, 6]); // the table has nothing after 6
-        assert_eq!(draft.dists, vec![Dist::Point(4), Dist::Point(6)]);
+        let draft = propose(&mut d, &[1, 2, 9], 5);
+        assert_eq!(draft.tokens(), [4, 6]); // the table has nothing after 6
+        assert_eq!(draft.dists(), [Dist::Point(4), Dist::Point(6)]);
         let mut d = MaxGramDrafter::new("mag", policy, None);
         d.start(&[1, 2, 9]).unwrap();
-        assert!(d
-            .draft(&[1, 2, 9], 4, &Sampling::greedy(), &mut rng)
-            .unwrap()
-            .is_empty());
+        assert!(propose(&mut d, &[1, 2, 9], 4).is_empty());
     }
 
     /// The quadratic definition the index must agree with.

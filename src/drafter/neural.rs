@@ -1,24 +1,44 @@
 //! A drafter that samples autoregressively from a (smaller) model.
 
-use super::{Draft, Drafter, NodeStats};
+use crate::costs::ForwardCost;
+use crate::draft::{Draft, Drafter, NodeKind, NodeStats, Request};
 use crate::error::Result;
-use crate::model::Model;
-use crate::sampling::Sampling;
-use crate::verifier::Verifier;
-use rand::rngs::StdRng;
+use crate::model::{Model, SyncedModel};
+use crate::sampling::{softmax_max, Dist};
 
-/// Samples `k` tokens one at a time from its model, reporting each token's distribution.
+/// Samples tokens one at a time from its model, reporting each token's distribution. Its
+/// confidence in a token is the largest probability of the distribution it is drawn from.
 pub struct NeuralDrafter {
     name: String,
-    model: Verifier,
+    model: SyncedModel,
+    /// Its model's measured forward cost, which an adaptive gate weighs before each forward
+    /// pass (free if unknown). Measured once, not a live clock, so that a seed reproduces its
+    /// output.
+    cost: Option<ForwardCost>,
 }
 
 impl NeuralDrafter {
     pub fn new(name: impl Into<String>, model: Box<dyn Model>) -> Self {
         Self {
             name: name.into(),
-            model: Verifier::new(model),
+            model: SyncedModel::new(model),
+            cost: None,
         }
+    }
+
+    /// Sets its model's measured forward cost on this machine.
+    pub fn with_cost(mut self, cost: &ForwardCost) -> Self {
+        self.cost = Some(cost.clone());
+        self
+    }
+}
+
+/// The largest probability of `dist`: a drafter's confidence in what it samples from it.
+pub(crate) fn top_probability(dist: &Dist) -> f32 {
+    match dist {
+        Dist::Point(_) => 1.0,
+        Dist::Dense(p) => p.iter().copied().fold(0.0, f32::max),
+        Dist::Sparse(s) => s.iter().map(|&(_, p)| p).fold(0.0, f32::max),
     }
 }
 
@@ -27,42 +47,53 @@ impl Drafter for NeuralDrafter {
         &self.name
     }
 
-    fn draft(
-        &mut self,
-        context: &[u32],
-        k: usize,
-        sampling: &Sampling,
-        rng: &mut StdRng,
-    ) -> Result<Draft> {
-        let mut draft = Draft::default();
+    fn draft(&mut self, context: &[u32], request: &mut Request) -> Result<Draft> {
+        let mut draft = Draft::new();
         // Room left in this model's context.
-        let k = k.min(self.model.model().max_len().saturating_sub(context.len()));
+        let room = self.model.model().max_len().saturating_sub(context.len());
         let mut seq = context.to_vec();
-        while draft.len() < k && !seq.is_empty() {
+        while draft.len() < room && !seq.is_empty() {
+            // The next forward: catching up on the text since its last draft, then one token.
+            let seconds = self
+                .cost
+                .as_ref()
+                .map_or(0.0, |c| self.model.score_seconds(&seq, 0, c));
+            if !request.worth_drafting(seconds) {
+                break;
+            }
             // An empty draft scored: one forward over the last token (after catching up).
             let logits = self.model.score(&seq, &[])?;
-            let q = sampling.distribution(logits.row(0));
-            let token = q.sample(rng);
+            let q = request.sampling().distribution(logits.row(0));
+            // Greedy draws from a point mass, which says nothing: the model's own top
+            // probability does.
+            let confidence = match q {
+                Dist::Point(_) => softmax_max(logits.row(0)),
+                _ => top_probability(&q),
+            };
+            if !request.admit(Some(confidence)) {
+                break;
+            }
+            let token = q.sample(request.rng());
             draft.push(token, q);
             seq.push(token);
         }
         Ok(draft)
     }
 
-    fn commit(&mut self, _: &[u32]) {}
-
     fn start(&mut self, prompt: &[u32]) -> Result<()> {
         self.model.reset();
         self.model.prepare(prompt)
     }
 
+    fn commit(&mut self, context: &[u32]) {
+        self.model.commit(context);
+    }
+
     fn stats(&self) -> NodeStats {
         NodeStats {
-            name: self.name.clone(),
-            kind: "model".into(),
             model: Some(self.model.model().name().to_string()),
             forward_calls: self.model.calls,
-            ..Default::default()
+            ..NodeStats::new(&self.name, NodeKind::Model)
         }
     }
 }

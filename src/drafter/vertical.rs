@@ -1,31 +1,36 @@
 //! Vertical cascade: a drafter that is itself a speculative decoder.
 
-use super::{Draft, Drafter, NodeStats};
+use super::neural::top_probability;
+use crate::costs::ForwardCost;
+use crate::draft::{Draft, Drafter, NodeKind, NodeStats, Request};
 use crate::error::Result;
 use crate::model::Model;
-use crate::review::{review_emitting, ReviewCounts};
-use crate::sampling::Sampling;
-use crate::verifier::Verifier;
-use rand::rngs::StdRng;
+use crate::reviewer::ReviewRule;
+use crate::reviewer::Reviewer;
+use crate::sampling::{softmax_max, Dist};
 
-/// A reviewer model over an inner drafter (CS Drafting 3.1): the inner drafter proposes up to
-/// `inner_k` tokens, the reviewer scores them in one forward pass and keeps what passes its
-/// review (the same [`review`](crate::review::review) the target uses, here with lenience
-/// `l >= 1` allowed), and the reviewed tokens become this drafter's draft. Rounds repeat until
-/// the level above has its `k` tokens.
+/// A reviewer model over an inner drafter (CS Drafting 3.1): rounds of the inner drafter
+/// proposing up to `inner_k` tokens and the reviewer reviewing them, with the same
+/// [`Reviewer::round`] the target runs (here with lenience `l >= 1` allowed), until the level
+/// above has the tokens it admits.
 ///
 /// Each emitted token is reported with the distribution it was effectively drawn from
 /// ([`emitted_distribution`](crate::review::emitted_distribution)): the reviewer's own when
 /// `l = 1`, a mixture of reviewer and inner drafter when `l > 1`. That is what keeps the
-/// target's review exact through lenient cascades at any temperature.
+/// target's review exact through lenient cascades at any temperature. The cascade's
+/// confidence in an emitted token is the largest probability of that distribution.
 pub struct VerticalCascade {
     name: String,
-    reviewer: Verifier,
+    reviewer: Reviewer,
     inner: Box<dyn Drafter>,
     inner_k: usize,
-    lenience: f32,
     report_reviewer: bool,
-    reviews: ReviewCounts,
+    /// The reviewer's measured forward cost, if known.
+    cost: Option<ForwardCost>,
+    /// Seconds per emitted token (an average over past rounds of their predicted cost), for
+    /// the gate above; computed from measured costs, not a live clock, so that a seed
+    /// reproduces its output.
+    seconds_per_token: f64,
 }
 
 impl VerticalCascade {
@@ -38,13 +43,33 @@ impl VerticalCascade {
     ) -> Self {
         Self {
             name: name.into(),
-            reviewer: Verifier::new(reviewer),
+            reviewer: Reviewer::new(reviewer, lenience),
             inner,
             inner_k: inner_k.max(1),
-            lenience,
             report_reviewer: false,
-            reviews: ReviewCounts::default(),
+            cost: None,
+            seconds_per_token: 0.0,
         }
+    }
+
+    /// Sets the reviewer's measured forward cost, from which the cascade tells the level above
+    /// what its tokens cost.
+    pub fn with_cost(mut self, cost: ForwardCost) -> Self {
+        self.cost = Some(cost);
+        self
+    }
+
+    /// Sizes this level's inner drafts adaptively (see [`crate::gate`]) with the reviewer's
+    /// measured forward cost; the inner draft length becomes an upper bound.
+    pub fn with_adaptive(mut self, cost: ForwardCost) -> Self {
+        self.reviewer.set_adaptive(cost.clone());
+        self.with_cost(cost)
+    }
+
+    /// Replaces this level's review rule (see [`Reviewer::set_rule`]).
+    pub fn with_review_rule(mut self, rule: ReviewRule) -> Self {
+        self.reviewer.set_rule(rule);
+        self
     }
 
     /// Deliberately wrong: reports the reviewer's distribution instead of the effective one.
@@ -60,40 +85,52 @@ impl Drafter for VerticalCascade {
         &self.name
     }
 
-    fn draft(
-        &mut self,
-        context: &[u32],
-        k: usize,
-        sampling: &Sampling,
-        rng: &mut StdRng,
-    ) -> Result<Draft> {
+    fn draft(&mut self, context: &[u32], request: &mut Request) -> Result<Draft> {
         let mut seq = context.to_vec();
-        let mut out = Draft::default();
+        let mut out = Draft::new();
         let max_len = self.reviewer.model().max_len();
-        while out.len() < k && seq.len() < max_len {
-            let want = (k - out.len()).min(self.inner_k).min(max_len - seq.len());
-            let proposal = self.inner.draft(&seq, want, sampling, rng)?;
-            let logits = self.reviewer.score(&seq, &proposal.tokens)?;
-            let (verdict, emitted) = review_emitting(
-                &proposal.tokens,
-                &proposal.dists,
-                &logits,
-                sampling,
-                self.lenience,
-                rng,
-            );
-            self.reviews.record(proposal.len(), verdict.accepted);
-            self.reviewer.settle(seq.len() + verdict.accepted);
-            let tokens = proposal.tokens[..verdict.accepted]
-                .iter()
-                .copied()
-                .chain([verdict.next]);
-            for (i, (token, dist)) in tokens.zip(emitted).enumerate() {
-                if out.len() == k {
-                    break;
+        'rounds: while request.remaining() > 0 && seq.len() < max_len {
+            if !request.worth_drafting(self.seconds_per_token) {
+                break;
+            }
+            let want = request
+                .remaining()
+                .min(self.inner_k)
+                .min(max_len - seq.len());
+            let sampling = *request.sampling();
+            let round = self.reviewer.round(
+                &seq,
+                Some(self.inner.as_mut()),
+                want,
+                &sampling,
+                request.rng(),
+                true,
+            )?;
+            // What the round cost: as predicted when adaptive (drafting included), else the
+            // reviewer's forward.
+            let seconds = match (round.predicted, &self.cost) {
+                (Some((_, s)), _) => s,
+                (None, Some(c)) => c.seconds(round.drafted + 1),
+                (None, None) => 0.0,
+            } / round.tokens.len() as f64;
+            self.seconds_per_token = if self.seconds_per_token == 0.0 {
+                seconds
+            } else {
+                0.9 * self.seconds_per_token + 0.1 * seconds
+            };
+            for (i, (token, dist)) in round.tokens.into_iter().zip(round.dists).enumerate() {
+                let row = round.logits.row(i);
+                // Greedy emits point masses, which say nothing: the reviewer's own top
+                // probability does.
+                let confidence = match &dist {
+                    Dist::Point(_) => softmax_max(row),
+                    d => top_probability(d),
+                };
+                if !request.admit(Some(confidence)) {
+                    break 'rounds;
                 }
                 let dist = if self.report_reviewer {
-                    sampling.distribution(logits.row(i))
+                    sampling.distribution(row)
                 } else {
                     dist
                 };
@@ -105,24 +142,26 @@ impl Drafter for VerticalCascade {
     }
 
     fn commit(&mut self, context: &[u32]) {
+        self.reviewer.commit(context);
         self.inner.commit(context);
     }
 
     fn start(&mut self, prompt: &[u32]) -> Result<()> {
-        self.reviewer.reset();
-        self.reviews = ReviewCounts::default();
-        self.reviewer.prepare(prompt)?;
+        self.reviewer.start(prompt)?;
         self.inner.start(prompt)
     }
 
     fn stats(&self) -> NodeStats {
         NodeStats {
-            name: self.name.clone(),
-            kind: "vertical".into(),
             model: Some(self.reviewer.model().name().to_string()),
-            forward_calls: self.reviewer.calls,
-            reviews: self.reviews.clone(),
+            forward_calls: self.reviewer.calls(),
+            reviews: self.reviewer.counts.clone(),
+            acceptance_by_confidence: self
+                .reviewer
+                .adaptive()
+                .map_or_else(Vec::new, |a| a.report()),
             children: vec![self.inner.stats()],
+            ..NodeStats::new(&self.name, NodeKind::Vertical)
         }
     }
 }

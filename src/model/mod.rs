@@ -6,6 +6,7 @@ mod kernels;
 mod kv_cache;
 mod qweight;
 pub mod source;
+mod synced;
 pub mod transformer;
 
 use crate::error::Result;
@@ -16,6 +17,8 @@ use std::sync::Arc;
 
 pub use kernels::{Kernels, KERNELS_ENV};
 pub use source::ModelSource;
+pub(crate) use synced::common_prefix;
+pub use synced::SyncedModel;
 pub use transformer::{Transformer, Weights};
 
 /// A causal language model with a KV cache.
@@ -76,6 +79,13 @@ impl Logits {
 
     pub fn vocab(&self) -> usize {
         self.vocab
+    }
+
+    /// The last `rows` rows.
+    pub fn tail(mut self, rows: usize) -> Self {
+        let skip = self.rows().saturating_sub(rows);
+        self.data.drain(..skip * self.vocab);
+        self
     }
 }
 

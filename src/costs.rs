@@ -1,0 +1,368 @@
+//! What a forward pass costs on this machine: measured once per model file and machine, kept
+//! in a cache file, and used while generating (adaptive drafting weighs a draft's expected
+//! tokens against these costs) as well as by the bench and the planner.
+
+use crate::error::{Error, Result};
+use crate::model::{LoadedModel, Model};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+/// A model's measured forward times on this machine.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ForwardCost {
+    /// Seconds of a forward over one token (a decode step) after [`CONTEXT`] tokens.
+    pub decode_seconds: f64,
+    /// `(k, r(k))`: the time of a forward over k tokens relative to one token, ascending in k,
+    /// starting at `(1, 1.0)`.
+    pub ratios: Vec<(usize, f64)>,
+    /// `(k, s)`: seconds a forward over k tokens takes longer per token of context beyond
+    /// [`CONTEXT`] (attention reads the whole cache for every token fed).
+    #[serde(default)]
+    pub per_context: Vec<(usize, f64)>,
+}
+
+/// The forward lengths measured.
+pub const MEASURED: [usize; 8] = [1, 2, 3, 4, 6, 8, 12, 16];
+/// The context the forward lengths are measured after.
+pub const CONTEXT: usize = 64;
+/// The longer context measured for the context term, and the lengths measured there.
+pub const LONG_CONTEXT: usize = 384;
+pub const MEASURED_LONG: [usize; 3] = [1, 4, 16];
+
+impl ForwardCost {
+    /// r(k), interpolated between the measured lengths and extrapolated past them.
+    pub fn ratio(&self, k: f64) -> f64 {
+        interpolate(&self.ratios, k)
+    }
+
+    /// Seconds of a forward over `k` tokens after [`CONTEXT`] tokens.
+    pub fn seconds(&self, k: usize) -> f64 {
+        self.decode_seconds * self.ratio(k as f64)
+    }
+
+    /// Seconds of a forward over `k` tokens after `context` tokens.
+    pub fn seconds_at(&self, k: usize, context: usize) -> f64 {
+        let extra = context.saturating_sub(CONTEXT) as f64;
+        let slope = if self.per_context.is_empty() {
+            0.0
+        } else {
+            interpolate(&self.per_context, k as f64).max(0.0)
+        };
+        self.seconds(k) + extra * slope
+    }
+}
+
+/// Linear interpolation of `(k, value)` points (ascending in k), held at the first value
+/// before the first point and extrapolated from the last two past the end. With no points a
+/// forward over k tokens costs k; with one, it grows in proportion.
+pub fn interpolate(points: &[(usize, f64)], k: f64) -> f64 {
+    let Some(&first) = points.first() else {
+        return k;
+    };
+    if points.len() == 1 {
+        return first.1 * k / first.0.max(1) as f64;
+    }
+    if k <= first.0 as f64 {
+        return first.1;
+    }
+    for w in points.windows(2) {
+        let (a, b) = (w[0], w[1]);
+        if k <= b.0 as f64 {
+            let span = (b.0 - a.0) as f64;
+            return a.1 + (b.1 - a.1) * (k - a.0 as f64) / span.max(1.0);
+        }
+    }
+    let (a, b) = (points[points.len() - 2], points[points.len() - 1]);
+    b.1 + (b.1 - a.1) / (b.0 - a.0).max(1) as f64 * (k - b.0 as f64)
+}
+
+/// Measures `models` side by side: every model at every length of [`MEASURED`] after
+/// [`CONTEXT`] tokens and of [`MEASURED_LONG`] after [`LONG_CONTEXT`], interleaved in each of
+/// `reps` repetitions (after a warm-up); medians.
+pub fn measure(models: &[&LoadedModel], reps: usize) -> Result<Vec<ForwardCost>> {
+    let short = forward_times(models, CONTEXT, &MEASURED, reps)?;
+    let long = forward_times(models, LONG_CONTEXT, &MEASURED_LONG, reps)?;
+    Ok(short
+        .into_iter()
+        .zip(long)
+        .map(|(short, long)| {
+            let at = |k: usize| short[MEASURED.iter().position(|&m| m == k).expect("measured")];
+            ForwardCost {
+                decode_seconds: short[0],
+                ratios: MEASURED
+                    .iter()
+                    .zip(&short)
+                    .map(|(&k, t)| (k, t / short[0]))
+                    .collect(),
+                per_context: MEASURED_LONG
+                    .iter()
+                    .zip(&long)
+                    .map(|(&k, t)| (k, (t - at(k)) / (LONG_CONTEXT - CONTEXT) as f64))
+                    .collect(),
+            }
+        })
+        .collect())
+}
+
+/// Median seconds of a forward over each of `ks` tokens after `context` tokens, per model.
+fn forward_times(
+    models: &[&LoadedModel],
+    context: usize,
+    ks: &[usize],
+    reps: usize,
+) -> Result<Vec<Vec<f64>>> {
+    let ctx: Vec<u32> = (0..context as u32).map(|i| 100 + (i * 7) % 5000).collect();
+    let mut instances: Vec<Box<dyn Model>> = models
+        .iter()
+        .map(|m| Box::new(m.instance("cost", None)) as Box<dyn Model>)
+        .collect();
+    for m in instances.iter_mut() {
+        m.prefill(&ctx)?;
+    }
+    let mut times = vec![vec![Vec::with_capacity(reps); ks.len()]; models.len()];
+    for rep in 0..=reps {
+        for (m, t) in instances.iter_mut().zip(times.iter_mut()) {
+            for (t, &k) in t.iter_mut().zip(ks) {
+                let feed: Vec<u32> = (0..k as u32).map(|i| 300 + i).collect();
+                let start = Instant::now();
+                m.forward(&feed)?;
+                if rep > 0 {
+                    t.push(start.elapsed().as_secs_f64()); // the first round is a warm-up
+                }
+                m.truncate(ctx.len());
+            }
+        }
+    }
+    Ok(times
+        .into_iter()
+        .map(|per_k| per_k.into_iter().map(median).collect())
+        .collect())
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// The environment variable naming the cost cache file.
+pub const COSTS_ENV: &str = "CASCADE_COSTS";
+
+/// Repetitions of a calibration (each model at every measured length).
+const REPS: usize = 5;
+
+/// Measured costs, by model file and machine, in a JSON file (`CASCADE_COSTS`, else
+/// `$XDG_CACHE_HOME/cascade/costs.json`, else `~/.cache/cascade/costs.json`). An entry is
+/// keyed by the model file (name, size, modification time), the CPU model, the kernel family
+/// and the thread count, so another machine, another file or another setting measures anew.
+pub struct CostCache {
+    path: PathBuf,
+    entries: BTreeMap<String, Entry>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+struct Entry {
+    /// When it was measured (UTC).
+    measured: String,
+    cost: ForwardCost,
+}
+
+#[derive(Serialize, Deserialize)]
+struct CacheFile {
+    version: u32,
+    entries: BTreeMap<String, Entry>,
+}
+
+const VERSION: u32 = 2;
+
+impl CostCache {
+    /// Where the cache lives by default.
+    pub fn default_path() -> PathBuf {
+        if let Some(p) = std::env::var_os(COSTS_ENV) {
+            return PathBuf::from(p);
+        }
+        let base = std::env::var_os("XDG_CACHE_HOME")
+            .map(PathBuf::from)
+            .or_else(|| std::env::var_os("HOME").map(|h| Path::new(&h).join(".cache")))
+            .unwrap_or_else(std::env::temp_dir);
+        base.join("cascade").join("costs.json")
+    }
+
+    /// The cache at `path`; a missing file is an empty cache, an unreadable one an error that
+    /// names it.
+    pub fn open(path: &Path) -> Result<Self> {
+        let entries = match std::fs::read_to_string(path) {
+            Ok(text) => {
+                let file: CacheFile = serde_json::from_str(&text).map_err(|e| {
+                    Error::config(
+                        path.display().to_string(),
+                        format!(
+                            "unreadable cost cache ({e}); delete it or run `cascade calibrate`"
+                        ),
+                    )
+                })?;
+                if file.version == VERSION {
+                    file.entries
+                } else {
+                    BTreeMap::new() // an older format: measure again
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => BTreeMap::new(),
+            Err(e) => {
+                return Err(Error::config(
+                    path.display().to_string(),
+                    format!("cannot read the cost cache: {e}"),
+                ))
+            }
+        };
+        Ok(Self {
+            path: path.to_path_buf(),
+            entries,
+        })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The key of a model on this machine.
+    pub fn key(model: &LoadedModel) -> String {
+        let meta = std::fs::metadata(&model.path).ok();
+        let size = meta.as_ref().map_or(0, |m| m.len());
+        let mtime = meta
+            .and_then(|m| m.modified().ok())
+            .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+            .map_or(0, |d| d.as_secs());
+        let name = model
+            .path
+            .file_name()
+            .map_or_else(String::new, |n| n.to_string_lossy().into());
+        format!(
+            "{name} {size} {mtime} | {} | {} | {} threads",
+            cpu_name(),
+            model.weights.kernels,
+            candle_core::utils::get_num_threads()
+        )
+    }
+
+    /// The cached cost of `model`, if measured on this machine.
+    pub fn get(&self, model: &LoadedModel) -> Option<&ForwardCost> {
+        self.entries.get(&Self::key(model)).map(|e| &e.cost)
+    }
+
+    /// The costs of `models`, measuring (together, interleaved) those not cached, or all of
+    /// them with `remeasure`; `progress` hears which models are being measured. The cache
+    /// file is updated when anything was measured.
+    pub fn costs(
+        &mut self,
+        models: &[&LoadedModel],
+        remeasure: bool,
+        progress: &mut dyn FnMut(&[String]),
+    ) -> Result<Vec<ForwardCost>> {
+        let missing: Vec<&LoadedModel> = models
+            .iter()
+            .copied()
+            .filter(|m| remeasure || self.get(m).is_none())
+            .collect();
+        if !missing.is_empty() {
+            let names: Vec<String> = missing
+                .iter()
+                .map(|m| crate::config::file_label(&m.path))
+                .collect();
+            progress(&names);
+            let measured = measure(&missing, REPS)?;
+            let now = crate::bench::utc_now();
+            for (m, cost) in missing.iter().zip(measured) {
+                self.entries.insert(
+                    Self::key(m),
+                    Entry {
+                        measured: now.clone(),
+                        cost,
+                    },
+                );
+            }
+            self.save()?;
+        }
+        Ok(models
+            .iter()
+            .map(|m| self.get(m).cloned().expect("measured above"))
+            .collect())
+    }
+
+    /// Writes the cache (to a temporary file first, so an interrupted write loses nothing).
+    pub fn save(&self) -> Result<()> {
+        let io = |e: std::io::Error| {
+            Error::config(
+                self.path.display().to_string(),
+                format!("cannot write the cost cache: {e}"),
+            )
+        };
+        if let Some(dir) = self.path.parent() {
+            std::fs::create_dir_all(dir).map_err(io)?;
+        }
+        let file = CacheFile {
+            version: VERSION,
+            entries: self.entries.clone(),
+        };
+        let text = serde_json::to_string_pretty(&file).expect("plain data");
+        // Per process: two runs measuring at once each write whole files.
+        let tmp = self
+            .path
+            .with_extension(format!("{}.tmp", std::process::id()));
+        std::fs::write(&tmp, text).map_err(io)?;
+        std::fs::rename(&tmp, &self.path).map_err(io)
+    }
+}
+
+/// The CPU's model name (`/proc/cpuinfo`), or the architecture where that is unknown.
+pub fn cpu_name() -> String {
+    std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|info| {
+            info.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split(':').nth(1))
+                .map(|v| v.trim().to_string())
+        })
+        .unwrap_or_else(|| std::env::consts::ARCH.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn interpolation_between_and_beyond_measured_points() {
+        let p = [(1, 1.0), (2, 1.2), (4, 1.6), (8, 2.8)];
+        assert_eq!(interpolate(&p, 1.0), 1.0);
+        assert!((interpolate(&p, 3.0) - 1.4).abs() < 1e-12);
+        assert!((interpolate(&p, 6.0) - 2.2).abs() < 1e-12);
+        // Past the end: the last slope, 0.3 per token.
+        assert!((interpolate(&p, 10.0) - 3.4).abs() < 1e-12);
+        // Nothing measured: k tokens cost k.
+        assert_eq!(interpolate(&[], 5.0), 5.0);
+        let c = ForwardCost {
+            decode_seconds: 0.05,
+            ratios: p.to_vec(),
+            per_context: vec![(1, 1e-5), (16, 1e-4)],
+        };
+        assert!((c.seconds(4) - 0.08).abs() < 1e-12);
+        // 100 tokens past the calibration context: 1 ms more for one token.
+        assert!((c.seconds_at(1, CONTEXT + 100) - 0.051).abs() < 1e-12);
+        assert_eq!(c.seconds_at(4, 10), c.seconds(4));
+    }
+
+    #[test]
+    fn a_corrupt_cache_is_an_error_that_names_it_and_a_missing_one_is_empty() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("costs.json");
+        assert!(CostCache::open(&path).unwrap().entries.is_empty());
+        std::fs::write(&path, "{ not json").unwrap();
+        let e = CostCache::open(&path).err().unwrap().to_string();
+        assert!(
+            e.starts_with(&format!("{}: unreadable cost cache", path.display())),
+            "{e}"
+        );
+    }
+}

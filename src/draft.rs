@@ -1,0 +1,330 @@
+//! The drafter contract: what a drafter is asked ([`Request`]), what it answers ([`Draft`]),
+//! and the [`Drafter`] trait that neural models, tables, Max-Gram, cascades and plug-ins all
+//! implement, so that any tree of them composes over a target.
+
+use crate::engine::SourceBuckets;
+use crate::error::{Error, Result};
+use crate::gate::{Gate, Source};
+use crate::review::ReviewCounts;
+use crate::sampling::{Dist, Rng, Sampling};
+use rand::SeedableRng;
+use serde::{Serialize, Serializer};
+use std::collections::BTreeMap;
+
+/// Proposed tokens, each with the distribution it was drawn from (`q` in the papers). A
+/// deterministic drafter reports point masses.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Draft {
+    tokens: Vec<u32>,
+    dists: Vec<Dist>,
+}
+
+impl Draft {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Appends `token`, drawn from `dist`.
+    pub fn push(&mut self, token: u32, dist: Dist) {
+        self.tokens.push(token);
+        self.dists.push(dist);
+    }
+
+    /// Appends another draft's tokens.
+    pub fn append(&mut self, other: Draft) {
+        self.tokens.extend(other.tokens);
+        self.dists.extend(other.dists);
+    }
+
+    pub fn tokens(&self) -> &[u32] {
+        &self.tokens
+    }
+
+    pub fn dists(&self) -> &[Dist] {
+        &self.dists
+    }
+
+    pub fn len(&self) -> usize {
+        self.tokens.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.tokens.is_empty()
+    }
+}
+
+/// What a drafter is asked for: up to [`Request::remaining`] tokens continuing a context,
+/// sampled with [`Request::sampling`] from [`Request::rng`].
+///
+/// Before each token, a drafter calls [`Request::admit`] with its confidence in that token and
+/// stops at the first `false`. The answer depends only on what the drafter knew before sampling
+/// the token (its distribution for that position, its state, the committed text and past
+/// reviews), never on the reviewer's view of the draft, so the review stays exact. With a
+/// fixed draft length the gate admits up to the length; an adaptive one stops where the
+/// expected tokens per second of the round are highest.
+pub struct Request<'a> {
+    sampling: &'a Sampling,
+    rng: &'a mut Rng,
+    gate: &'a mut Gate,
+    source: Source,
+    /// The most tokens this request may admit, and how many it has.
+    cap: usize,
+    used: usize,
+    /// The reviewer's vocabulary size: token ids must be below it.
+    vocab: usize,
+}
+
+impl<'a> Request<'a> {
+    /// A request to `source` for up to `cap` tokens, admitted through `gate`, for a reviewer
+    /// of `vocab` tokens.
+    pub fn new(
+        sampling: &'a Sampling,
+        rng: &'a mut Rng,
+        gate: &'a mut Gate,
+        source: Source,
+        cap: usize,
+        vocab: usize,
+    ) -> Self {
+        Self {
+            sampling,
+            rng,
+            gate,
+            source,
+            cap,
+            used: 0,
+            vocab,
+        }
+    }
+
+    /// Tokens this drafter may still propose (an upper bound: [`Request::admit`] may stop it
+    /// earlier).
+    pub fn remaining(&self) -> usize {
+        self.cap - self.used
+    }
+
+    pub fn sampling(&self) -> &Sampling {
+        self.sampling
+    }
+
+    pub fn rng(&mut self) -> &mut Rng {
+        self.rng
+    }
+
+    /// Asks to propose one more token, with the drafter's `confidence` in it (a probability-like
+    /// score in [0, 1] that grows with the chance of acceptance, computed before the token is
+    /// sampled; `None` if the drafter has none). Returns false when the draft should stop here.
+    pub fn admit(&mut self, confidence: Option<f32>) -> bool {
+        if self.used >= self.cap || !self.gate.admit(&self.source, confidence) {
+            return false;
+        }
+        self.used += 1;
+        true
+    }
+
+    /// Whether another token is worth `cost` seconds of drafting, before paying for it (a
+    /// neural drafter asks before each forward pass after the first).
+    pub fn worth_drafting(&mut self, cost: f64) -> bool {
+        self.used < self.cap && self.gate.worth_drafting(&self.source, cost)
+    }
+
+    /// Tokens admitted through this request so far.
+    pub fn admitted(&self) -> usize {
+        self.used
+    }
+
+    /// A request for a part of this draft: up to `cap` more tokens from `source`, sharing this
+    /// request's gate (a horizontal cascade asks its parts this way).
+    pub fn part(&mut self, source: &Source, cap: usize) -> Request<'_> {
+        let cap = cap.min(self.remaining());
+        Request {
+            sampling: self.sampling,
+            rng: self.rng,
+            gate: self.gate,
+            source: source.clone(),
+            cap,
+            used: 0,
+            vocab: self.vocab,
+        }
+    }
+
+    /// Counts `n` tokens a part admitted toward this request's cap.
+    pub fn count_part(&mut self, n: usize) {
+        self.used += n;
+    }
+
+    /// Holds a drafter's answer to its contract: exactly the tokens admitted, one distribution
+    /// per token, ids inside the reviewer's vocabulary. `who` names the drafter in the error.
+    pub fn check(&self, draft: &Draft, who: &str) -> Result<()> {
+        let vocab = self.vocab;
+        let broke = |what: String| Err(Error::Drafter(format!("`{who}` {what}")));
+        if draft.tokens.len() != draft.dists.len() {
+            return broke(format!(
+                "returned {} tokens but {} distributions",
+                draft.tokens.len(),
+                draft.dists.len()
+            ));
+        }
+        if draft.len() != self.used {
+            return broke(format!(
+                "returned {} tokens but {} were admitted (call `Request::admit` once before each token)",
+                draft.len(),
+                self.used
+            ));
+        }
+        if let Some(&t) = draft.tokens.iter().find(|&&t| t as usize >= vocab) {
+            return broke(format!(
+                "proposed token id {t}, outside the vocabulary ({vocab} tokens)"
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// One draft of up to `k` tokens from `drafter` with a fixed-length gate, held to the contract:
+/// for tests, and for a library user trying a drafter on its own.
+pub fn propose(drafter: &mut dyn Drafter, context: &[u32], k: usize) -> Draft {
+    try_propose(
+        drafter,
+        context,
+        k,
+        &Sampling::greedy(),
+        &mut Rng::seed_from_u64(0),
+    )
+    .expect("the drafter failed")
+}
+
+/// [`propose`] with given sampling settings and generator, returning the drafter's errors
+/// and contract violations.
+pub fn try_propose(
+    drafter: &mut dyn Drafter,
+    context: &[u32],
+    k: usize,
+    sampling: &Sampling,
+    rng: &mut Rng,
+) -> Result<Draft> {
+    let mut gate = Gate::fixed();
+    let source = drafter.name().into();
+    let mut request = Request::new(sampling, rng, &mut gate, source, k, usize::MAX);
+    let draft = drafter.draft(context, &mut request)?;
+    request.check(&draft, drafter.name())?;
+    Ok(draft)
+}
+
+/// A source of draft tokens.
+///
+/// The caller owns the sequence and passes it whole. Between two [`Drafter::commit`] calls the
+/// contexts passed to [`Drafter::draft`] all extend the last committed sequence, possibly with
+/// speculative tokens (inside a cascade, tokens another drafter or a reviewer produced). A
+/// drafter keeps whatever state it likes (a KV cache, an index) and drops what no longer
+/// matches. Plug-ins implement it and are used as `Box<dyn Drafter>`, or named in configs
+/// through a [`Registry`](crate::config::Registry).
+pub trait Drafter: Send {
+    /// A short name for reports (unique within a tree).
+    fn name(&self) -> &str;
+
+    /// Proposes tokens continuing `context`, asking `request` to admit each one first (see
+    /// [`Request`]) and returning exactly the admitted ones (possibly none). Each token must be drawn from
+    /// the distribution reported with it, computed with `request.sampling()` (at temperature
+    /// 0, its argmax): the review is exact only then.
+    fn draft(&mut self, context: &[u32], request: &mut Request) -> Result<Draft>;
+
+    /// A new sequence begins with `prompt`: forget the previous one and its counters. Neural
+    /// drafters process the prompt here (so it counts as prefill).
+    fn start(&mut self, _prompt: &[u32]) -> Result<()> {
+        Ok(())
+    }
+
+    /// The committed sequence is now `context`: it extends the previous committed sequence
+    /// (with a prefix of the last draft and the reviewer's token). It will not change again.
+    fn commit(&mut self, _context: &[u32]) {}
+
+    /// Counters of this node and the nodes below it.
+    fn stats(&self) -> NodeStats {
+        NodeStats::new(self.name(), NodeKind::Plugin("plugin".into()))
+    }
+}
+
+/// What kind of node of a drafter tree.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum NodeKind {
+    /// A neural model drafting token by token.
+    Model,
+    Bigram,
+    MaxGram,
+    /// A reviewer model over an inner drafter: its reviews are a cascade level.
+    Vertical,
+    /// Parts of one draft from several drafters, in a fixed schedule.
+    Horizontal,
+    /// Parts of one draft from several drafters, each drafting while its confidence pays.
+    Adaptive,
+    /// A registered plug-in, with the kind it was registered under.
+    Plugin(String),
+}
+
+impl NodeKind {
+    /// The name used in configs and reports.
+    pub fn name(&self) -> &str {
+        match self {
+            NodeKind::Model => "model",
+            NodeKind::Bigram => "bigram",
+            NodeKind::MaxGram => "max_gram",
+            NodeKind::Vertical => "vertical",
+            NodeKind::Horizontal => "horizontal",
+            NodeKind::Adaptive => "adaptive",
+            NodeKind::Plugin(kind) => kind,
+        }
+    }
+}
+
+impl Serialize for NodeKind {
+    fn serialize<S: Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        s.serialize_str(self.name())
+    }
+}
+
+/// Counters of one node of a drafter tree, since the sequence started.
+#[derive(Clone, Debug, Serialize)]
+pub struct NodeStats {
+    pub name: String,
+    pub kind: NodeKind,
+    /// This node's own model (its instance name), if it has one.
+    pub model: Option<String>,
+    /// Forward passes of this node's own model (drafting or reviewing).
+    pub forward_calls: usize,
+    /// For a reviewing node: its reviews of the inner drafter's proposals, by position.
+    #[serde(flatten)]
+    pub reviews: ReviewCounts,
+    /// For a reviewing node with adaptive drafting: its reviews by confidence bucket.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub acceptance_by_confidence: Vec<SourceBuckets>,
+    pub children: Vec<NodeStats>,
+}
+
+impl NodeStats {
+    /// A node with no model and no counters yet.
+    pub fn new(name: &str, kind: NodeKind) -> Self {
+        Self {
+            name: name.to_string(),
+            kind,
+            model: None,
+            forward_calls: 0,
+            reviews: ReviewCounts::default(),
+            acceptance_by_confidence: Vec::new(),
+            children: Vec::new(),
+        }
+    }
+
+    /// Forward passes per model over the whole tree.
+    pub fn model_calls(&self, into: &mut BTreeMap<String, usize>) {
+        if let Some(m) = &self.model {
+            *into.entry(m.clone()).or_default() += self.forward_calls;
+        }
+        self.children.iter().for_each(|c| c.model_calls(into));
+    }
+
+    /// Calls `f` on this node and every node below it, parents first.
+    pub fn visit(&self, f: &mut dyn FnMut(&NodeStats)) {
+        f(self);
+        self.children.iter().for_each(|c| c.visit(f));
+    }
+}

@@ -1,0 +1,527 @@
+//! The gate of one review round: which draft positions are worth proposing.
+//!
+//! Every drafter asks it before each token ([`Request::admit`](crate::draft::Request::admit))
+//! and before paying for one ([`Request::worth_drafting`](crate::draft::Request::worth_drafting)).
+//! A fixed gate admits up to the requested length. An adaptive gate ([`Adaptive`]) sizes each
+//! round for the best long-run speed. A round that drafts `n` positions emits
+//!
+//! ```text
+//! E(n) = 1 + a_1 + a_1 a_2 + ... + a_1 ... a_n   tokens in   T(n) = D(n) + V(n + 1)   seconds,
+//! ```
+//!
+//! where `a_i` is the chance that position `i` is accepted (learned from past reviews of the
+//! same drafter at the same confidence), `D(n)` the drafting time and `V(x)` the reviewer's
+//! measured time for a forward over `x` tokens. The long-run rate `ΣE / ΣT` is largest when
+//! every round maximizes `E - λ T` with `λ` the best achievable rate (the renewal-reward
+//! argument; iterating `λ` is Dinkelbach's method). So a position is drafted only if it adds
+//! at least `λ` expected tokens per second it costs, with `λ` the rate the recent rounds
+//! achieved, and never below plain decoding's `1 / V(1)`: an empty draft is a decode step, and
+//! a round drafts only what beats both decoding and what drafting has been doing lately.
+//! Every input is known before the position's token is sampled and none comes from the
+//! reviewer's view of the current draft, so the review stays exact.
+
+use crate::costs::ForwardCost;
+use crate::engine::SourceBuckets;
+use serde::Serialize;
+use std::sync::Arc;
+
+/// Who proposed a draft position: the drafter's name.
+pub type Source = Arc<str>;
+
+/// A proposed position: its drafter and that drafter's confidence in it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Position {
+    pub source: Source,
+    pub confidence: Option<f32>,
+}
+
+/// Upper edges of the confidence buckets; a last bucket holds positions without confidence.
+pub const BUCKET_EDGES: [f32; 13] = [
+    0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.98, 0.99, 1.0,
+];
+/// Buckets, the no-confidence one included.
+pub const BUCKETS: usize = BUCKET_EDGES.len() + 1;
+
+fn bucket(confidence: Option<f32>) -> usize {
+    match confidence {
+        Some(c) => BUCKET_EDGES
+            .iter()
+            .position(|&e| c <= e)
+            .unwrap_or(BUCKET_EDGES.len() - 1),
+        None => BUCKET_EDGES.len(),
+    }
+}
+
+/// The middle of a bucket: the prior acceptance of its positions.
+fn midpoint(b: usize) -> f64 {
+    match b {
+        b if b < BUCKET_EDGES.len() => {
+            let low = if b == 0 { 0.0 } else { BUCKET_EDGES[b - 1] };
+            ((low + BUCKET_EDGES[b]) / 2.0) as f64
+        }
+        _ => 0.5,
+    }
+}
+
+/// Weight of a bucket's prior, in reviews.
+const PRIOR: f64 = 2.0;
+/// Per review in a bucket, older reviews count this much less: about the last 12 matter, so
+/// that the estimates follow the text from one task to the next.
+const DECAY: f64 = 0.92;
+/// Weight of a round in the recent acceptance of first positions.
+const FIRST_WEIGHT: f64 = 0.2;
+/// Most rounds a declined drafter waits before it is tried again.
+const MAX_BACKOFF: u32 = 64;
+/// Weight of a round in the recent rate `λ`.
+const RATE_WEIGHT: f64 = 0.1;
+
+/// How one drafter's proposals fare at one review level.
+#[derive(Clone, Debug)]
+pub struct Calibration {
+    /// Per bucket, recent (decayed) reviews and acceptances: the estimate.
+    recent: [(f64, f64); BUCKETS],
+    /// Per bucket, all reviews and acceptances: the report.
+    total: [(u64, u64); BUCKETS],
+    /// Recent acceptance of this drafter's first position in a round: its chance before it
+    /// has drafted anything.
+    first: f64,
+    /// Rounds a declined drafter waits before it is tried again (doubling while tries fail),
+    /// and rounds it has waited.
+    backoff: u32,
+    waited: u32,
+}
+
+impl Default for Calibration {
+    fn default() -> Self {
+        Self {
+            recent: [(0.0, 0.0); BUCKETS],
+            total: [(0, 0); BUCKETS],
+            // Optimistic, so that a new drafter gets tried.
+            first: 0.8,
+            backoff: 1,
+            waited: 0,
+        }
+    }
+}
+
+impl Calibration {
+    /// The chance that a position proposed with `confidence` is accepted.
+    pub fn estimate(&self, confidence: Option<f32>) -> f64 {
+        let b = bucket(confidence);
+        let (n, a) = self.recent[b];
+        (a + PRIOR * midpoint(b)) / (n + PRIOR)
+    }
+
+    fn record(&mut self, confidence: Option<f32>, accepted: bool) {
+        let b = bucket(confidence);
+        let (n, a) = self.recent[b];
+        self.recent[b] = (n * DECAY + 1.0, a * DECAY + accepted as u8 as f64);
+        self.total[b].0 += 1;
+        self.total[b].1 += accepted as u64;
+    }
+
+    /// Reviews and acceptances per bucket, since the engine was built.
+    pub fn buckets(&self) -> Vec<BucketCount> {
+        (0..BUCKETS)
+            .filter(|&b| self.total[b].0 > 0)
+            .map(|b| BucketCount {
+                up_to: BUCKET_EDGES.get(b).copied(),
+                reviewed: self.total[b].0,
+                accepted: self.total[b].1,
+            })
+            .collect()
+    }
+}
+
+/// Reviews of one confidence bucket.
+#[derive(Clone, Debug, PartialEq, Serialize, serde::Deserialize)]
+pub struct BucketCount {
+    /// The bucket's upper edge; `None` for positions proposed without confidence.
+    pub up_to: Option<f32>,
+    pub reviewed: u64,
+    pub accepted: u64,
+}
+
+/// Adaptive drafting at one review level: the reviewer's measured forward cost and what it has
+/// learned of each drafter below it.
+#[derive(Clone, Debug)]
+pub struct Adaptive {
+    verify: ForwardCost,
+    drafters: Vec<(Source, Calibration)>,
+    /// Recent rounds' emitted tokens per predicted second: `λ`.
+    rate: f64,
+    /// Plain decoding's recent rate (one token per predicted decode step).
+    decoding: f64,
+}
+
+impl Adaptive {
+    pub fn new(verify: ForwardCost) -> Self {
+        let decoding = 1.0 / verify.seconds(1);
+        Self {
+            verify,
+            drafters: Vec::new(),
+            rate: decoding,
+            decoding,
+        }
+    }
+
+    /// The rate a drafted position must beat: the recent rate, at least plain decoding's.
+    fn lambda(&self) -> f64 {
+        self.rate.max(self.decoding)
+    }
+
+    /// What this level learned of `source`.
+    pub fn calibration(&self, source: &str) -> Option<&Calibration> {
+        self.drafters
+            .iter()
+            .find(|(s, _)| &**s == source)
+            .map(|(_, c)| c)
+    }
+
+    fn calibration_mut(&mut self, source: &Source) -> &mut Calibration {
+        let i = match self.drafters.iter().position(|(s, _)| s == source) {
+            Some(i) => i,
+            None => {
+                self.drafters.push((source.clone(), Calibration::default()));
+                self.drafters.len() - 1
+            }
+        };
+        &mut self.drafters[i].1
+    }
+
+    /// Every drafter's reviews by confidence bucket since the last [`Adaptive::reset_counts`].
+    pub fn report(&self) -> Vec<SourceBuckets> {
+        self.drafters
+            .iter()
+            .map(|(s, c)| SourceBuckets {
+                drafter: s.to_string(),
+                buckets: c.buckets(),
+            })
+            .collect()
+    }
+
+    /// Starts the reported counts over (what was learned is kept).
+    pub fn reset_counts(&mut self) {
+        self.drafters
+            .iter_mut()
+            .for_each(|(_, c)| c.total = [(0, 0); BUCKETS]);
+    }
+
+    /// Learns from a round: `gate`'s positions were reviewed up to the first rejection, and
+    /// the first `accepted` were kept.
+    pub fn learn(&mut self, gate: &Gate, accepted: usize) {
+        let positions = gate.positions();
+        let reviewed = positions.len().min(accepted + 1);
+        let mut first_kept: Vec<&Source> = Vec::new();
+        for (i, p) in positions[..reviewed].iter().enumerate() {
+            let kept = i < accepted;
+            let first = i == 0 || positions[i - 1].source != p.source;
+            let c = self.calibration_mut(&p.source);
+            c.record(p.confidence, kept);
+            if first {
+                c.first = (1.0 - FIRST_WEIGHT) * c.first + FIRST_WEIGHT * kept as u8 as f64;
+                if kept {
+                    c.backoff = 1;
+                    first_kept.push(&p.source);
+                }
+            }
+        }
+        if let Some(Policy {
+            declined, retried, ..
+        }) = &gate.policy
+        {
+            for s in declined {
+                self.calibration_mut(s).waited += 1;
+            }
+            for s in retried {
+                let c = self.calibration_mut(s);
+                c.waited = 0;
+                if !first_kept.contains(&s) {
+                    c.backoff = (c.backoff * 2).min(MAX_BACKOFF);
+                }
+            }
+        }
+        if let (Some((_, seconds)), Some(p)) = (gate.prediction(), &gate.policy) {
+            let rate = (accepted + 1) as f64 / seconds;
+            self.rate = (1.0 - RATE_WEIGHT) * self.rate + RATE_WEIGHT * rate;
+            let decoding = 1.0 / self.verify.seconds_at(1, p.context);
+            self.decoding = (1.0 - RATE_WEIGHT) * self.decoding + RATE_WEIGHT * decoding;
+        }
+    }
+}
+
+/// The gate of one round.
+#[derive(Debug, Default)]
+pub struct Gate {
+    positions: Vec<Position>,
+    policy: Option<Policy>,
+}
+
+/// An adaptive gate's round so far.
+#[derive(Debug)]
+struct Policy {
+    adaptive: Adaptive,
+    /// P(every position so far is accepted), E(n), D(n) in seconds.
+    all_kept: f64,
+    expected: f64,
+    drafting: f64,
+    /// The last admitted position's source and acceptance estimate.
+    last: Option<(Source, f64)>,
+    /// Drafters declined before their first position this round, and drafters tried again
+    /// after waiting although they did not pay.
+    declined: Vec<Source>,
+    retried: Vec<Source>,
+    /// Tokens the reviewer catches up on in its scoring pass besides the last one, and the
+    /// context its scoring pass attends over.
+    behind: usize,
+    context: usize,
+}
+
+impl Policy {
+    /// Whether `gain` more expected tokens pay for `cost` more drafting seconds and a draft of
+    /// `n + 1` positions instead of `n`: at least `λ` tokens per second.
+    fn pays(&self, n: usize, gain: f64, cost: f64) -> bool {
+        gain >= self.adaptive.lambda() * (cost + self.verify(n + 1) - self.verify(n))
+    }
+
+    /// Seconds of the reviewer's scoring pass over a draft of `n` positions.
+    fn verify(&self, n: usize) -> f64 {
+        self.adaptive
+            .verify
+            .seconds_at(self.behind + n + 1, self.context)
+    }
+}
+
+impl Gate {
+    /// A gate that admits up to the requested length.
+    pub fn fixed() -> Self {
+        Self::default()
+    }
+
+    /// A gate that admits what raises the expected rate, with what `adaptive` has learned.
+    pub fn adaptive(adaptive: Adaptive) -> Self {
+        Self::adaptive_at(adaptive, 0, 0)
+    }
+
+    /// [`Gate::adaptive`] for a reviewer scoring after `context` tokens, whose scoring pass also
+    /// feeds `behind` tokens it has not seen (a cascade's reviewer after text other drafters
+    /// produced).
+    pub fn adaptive_at(adaptive: Adaptive, behind: usize, context: usize) -> Self {
+        Self {
+            positions: Vec::new(),
+            policy: Some(Policy {
+                adaptive,
+                all_kept: 1.0,
+                expected: 1.0,
+                drafting: 0.0,
+                last: None,
+                declined: Vec::new(),
+                retried: Vec::new(),
+                behind,
+                context,
+            }),
+        }
+    }
+
+    /// Whether to draft one more position, proposed by `source` with `confidence`.
+    pub(crate) fn admit(&mut self, source: &Source, confidence: Option<f32>) -> bool {
+        let n = self.positions.len();
+        if let Some(p) = &mut self.policy {
+            let a = p.adaptive.calibration(source).map_or_else(
+                || Calibration::default().estimate(confidence),
+                |c| c.estimate(confidence),
+            );
+            let gain = p.all_kept * a;
+            let pays = p.pays(n, gain, 0.0);
+            if crate::engine::trace() {
+                eprintln!(
+                    "  {source} position {n}: confidence {confidence:.3?}, acceptance {a:.2}, λ {:.1}/s: {}",
+                    p.adaptive.lambda(),
+                    if pays { "drafted" } else { "declined" }
+                );
+            }
+            if !pays {
+                return false;
+            }
+            p.expected += gain;
+            p.all_kept *= a;
+            p.last = Some((source.clone(), a));
+        }
+        self.positions.push(Position {
+            source: source.clone(),
+            confidence,
+        });
+        true
+    }
+
+    /// Whether another position is worth `cost` seconds of `source`'s drafting; if so the
+    /// cost counts as spent.
+    pub(crate) fn worth_drafting(&mut self, source: &Source, cost: f64) -> bool {
+        let n = self.positions.len();
+        let Some(p) = &mut self.policy else {
+            return true;
+        };
+        let calibration = p.adaptive.calibration(source).cloned().unwrap_or_default();
+        // The next position is expected to fare like this drafter's last one this round, or
+        // like its recent first positions.
+        let a = match &p.last {
+            Some((s, a)) if s == source => *a,
+            _ => calibration.first,
+        };
+        let pays = p.pays(n, p.all_kept * a, cost);
+        // A drafter declined at the start of its turn is retried now and then, so that what
+        // it learned does not go stale.
+        let retry = calibration.waited >= calibration.backoff;
+        let starts = !matches!(&p.last, Some((s, _)) if s == source);
+        if crate::engine::trace() {
+            eprintln!(
+                "  {source} before position {n}: {:.1} ms for acceptance {a:.2}: {}",
+                cost * 1e3,
+                if pays {
+                    "pays"
+                } else if starts && retry {
+                    "retried"
+                } else {
+                    "declined"
+                }
+            );
+        }
+        if pays || (starts && retry) {
+            if !pays {
+                p.retried.push(source.clone());
+            }
+            p.drafting += cost;
+            true
+        } else {
+            if starts {
+                p.declined.push(source.clone());
+            }
+            false
+        }
+    }
+
+    /// The admitted positions, in draft order.
+    pub fn positions(&self) -> &[Position] {
+        &self.positions
+    }
+
+    /// For an adaptive gate: the expected tokens of the round and its expected seconds
+    /// (drafting and the reviewer's forward), as the cost model predicts them.
+    pub fn prediction(&self) -> Option<(f64, f64)> {
+        self.policy.as_ref().map(|p| {
+            let n = self.positions.len();
+            (p.expected, p.drafting + p.verify(n))
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn verify() -> ForwardCost {
+        // 50 ms per token; each extra token scored costs 10 ms.
+        ForwardCost {
+            decode_seconds: 0.05,
+            ratios: (1..=16).map(|k| (k, 1.0 + 0.2 * (k - 1) as f64)).collect(),
+            per_context: Vec::new(),
+        }
+    }
+
+    /// Admits `confidences` from a free drafter until the gate stops it.
+    fn admitted(a: &Adaptive, confidences: &[f32]) -> usize {
+        let mut gate = Gate::adaptive(a.clone());
+        let s: Source = "d".into();
+        confidences
+            .iter()
+            .take_while(|&&c| gate.admit(&s, Some(c)))
+            .count()
+    }
+
+    #[test]
+    fn a_free_drafter_drafts_while_tokens_are_likely_enough_to_pay_for_their_verification() {
+        let a = Adaptive::new(verify());
+        // Priors: bucket midpoints. With 10 ms per scored token against 50 ms per round, a
+        // position pays if it adds more than 0.2 * (current expected tokens) / (current rounds'
+        // cost in units of 50 ms): likely tokens keep going, unlikely ones stop at once.
+        assert_eq!(admitted(&a, &[0.99; 8]), 8);
+        assert_eq!(admitted(&a, &[0.05; 8]), 0);
+        assert!(admitted(&a, &[0.75; 8]) < 8);
+    }
+
+    #[test]
+    fn learned_acceptance_overrides_the_confidence() {
+        let mut a = Adaptive::new(verify());
+        let s: Source = "d".into();
+        // Reviews show that this drafter's 0.99s are never accepted.
+        for _ in 0..20 {
+            let mut gate = Gate::fixed();
+            assert!(gate.admit(&s, Some(0.99)));
+            a.learn(&gate, 0);
+        }
+        assert!(a.calibration("d").unwrap().estimate(Some(0.99)) < 0.2);
+        assert_eq!(admitted(&a, &[0.99; 8]), 0);
+        let counts = a.calibration("d").unwrap().buckets();
+        assert_eq!(
+            counts,
+            [BucketCount {
+                up_to: Some(0.99),
+                reviewed: 20,
+                accepted: 0
+            }]
+        );
+    }
+
+    #[test]
+    fn a_costly_drafter_is_asked_only_when_it_pays_and_retried_after_a_backoff() {
+        let mut a = Adaptive::new(verify());
+        let s: Source = "neural".into();
+        // A drafter costing a whole decode step per token, rarely accepted: after a few
+        // failures it is declined, then retried after 2, 4, 8 ... rounds.
+        let mut tried = Vec::new();
+        for round in 0..40 {
+            let mut gate = Gate::adaptive(a.clone());
+            if gate.worth_drafting(&s, 0.05) {
+                tried.push(round);
+                gate.admit(&s, Some(0.5));
+            }
+            a.learn(&gate, 0);
+        }
+        assert!(tried.len() < 12, "tried in rounds {tried:?}");
+        assert!(tried.windows(2).any(|w| w[1] - w[0] >= 8), "{tried:?}");
+        // A cheap, likely drafter is always worth it.
+        let mut gate = Gate::adaptive(Adaptive::new(verify()));
+        assert!(gate.worth_drafting(&"mag".into(), 0.0));
+    }
+
+    #[test]
+    fn a_costly_drafter_that_beats_decoding_waits_while_recent_rounds_do_better() {
+        let neural: Source = "neural".into();
+        let mag: Source = "mag".into();
+        // 20 ms per token, first positions usually accepted: worth it against decoding.
+        let fresh = Adaptive::new(verify());
+        assert!(Gate::adaptive(fresh.clone()).worth_drafting(&neural, 0.02));
+        // After rounds where free copies emitted 6 tokens each, 20 ms buys too little.
+        let mut a = fresh;
+        for _ in 0..40 {
+            let mut gate = Gate::adaptive(a.clone());
+            for _ in 0..5 {
+                assert!(gate.admit(&mag, Some(0.999)));
+            }
+            a.learn(&gate, 5);
+        }
+        assert!(a.lambda() > 2.5 / verify().seconds(1), "{}", a.lambda());
+        assert!(!Gate::adaptive(a.clone()).worth_drafting(&neural, 0.02));
+        // Copies are still worth their verification.
+        assert!(Gate::adaptive(a).admit(&mag, Some(0.999)));
+    }
+
+    #[test]
+    fn a_fixed_gate_admits_everything_and_predicts_nothing() {
+        let mut gate = Gate::fixed();
+        let s: Source = "d".into();
+        assert!((0..100).all(|_| gate.admit(&s, Some(0.0))));
+        assert!(gate.worth_drafting(&s, 1e9));
+        assert_eq!(gate.prediction(), None);
+    }
+}

@@ -1,0 +1,207 @@
+//! A model whose KV cache follows a caller's token sequence.
+
+use super::{Logits, Model};
+use crate::costs::ForwardCost;
+use crate::error::{Error, Result};
+
+/// Keeps a model's KV cache in step with a caller's sequence, which may hold speculative
+/// tokens that are later replaced (inside a cascade, tokens another drafter proposed).
+///
+/// [`SyncedModel::score`] feeds `[last token of context, draft...]` in one forward pass
+/// (catching up first on any context the cache lacks) and returns one logits row per fed
+/// token; [`SyncedModel::settle`] then keeps the context plus the accepted draft tokens.
+/// The cache is compared with the caller's sequence only past a watermark of tokens known to
+/// be committed ([`SyncedModel::commit`]), so a round costs time independent of the context.
+pub struct SyncedModel {
+    model: Box<dyn Model>,
+    /// The tokens in the model's cache, in order.
+    fed: Vec<u32>,
+    /// `fed[..stable]` equals the committed sequence's start, which never changes again.
+    stable: usize,
+    /// Forward passes over drafts (catch-up prefills not counted).
+    pub calls: usize,
+}
+
+impl SyncedModel {
+    pub fn new(model: Box<dyn Model>) -> Self {
+        Self {
+            model,
+            fed: Vec::new(),
+            stable: 0,
+            calls: 0,
+        }
+    }
+
+    pub fn model(&self) -> &dyn Model {
+        self.model.as_ref()
+    }
+
+    /// Forgets the cache and the counters: a new sequence starts.
+    pub fn reset(&mut self) {
+        self.model.truncate(0);
+        self.fed.clear();
+        self.stable = 0;
+        self.calls = 0;
+    }
+
+    /// Brings the cache to `context` minus its last token, feeding what is missing
+    /// without computing logits (the prompt, or text another drafter produced).
+    pub fn prepare(&mut self, context: &[u32]) -> Result<()> {
+        let want = context.len().saturating_sub(1);
+        let keep = common_prefix(&self.fed, context, self.stable).min(want);
+        self.model.truncate(keep);
+        self.fed.truncate(keep);
+        if keep < want {
+            self.model.prefill(&context[keep..want])?;
+            self.fed.extend_from_slice(&context[keep..want]);
+        }
+        Ok(())
+    }
+
+    /// Scores `draft` as the continuation of `context`: row `i` of the result is the
+    /// distribution after `context + draft[..i]`.
+    ///
+    /// A few tokens the cache lacks (a drafter catching up on the tokens its reviewer accepted)
+    /// ride in the same forward pass rather than a separate one: rows are computed
+    /// independently, so the logits are the same either way, and one pass costs less.
+    pub fn score(&mut self, context: &[u32], draft: &[u32]) -> Result<Logits> {
+        if context.is_empty() {
+            return Err(Error::EmptyPrompt);
+        }
+        let keep = common_prefix(&self.fed, context, self.stable).min(context.len() - 1);
+        let from = if context.len() - keep <= CATCH_UP_IN_PASS {
+            self.model.truncate(keep);
+            self.fed.truncate(keep);
+            keep
+        } else {
+            self.prepare(context)?;
+            context.len() - 1
+        };
+        let mut feed = Vec::with_capacity(context.len() - from + draft.len());
+        feed.extend_from_slice(&context[from..]);
+        feed.extend_from_slice(draft);
+        let logits = self.model.forward(&feed)?;
+        self.fed.extend_from_slice(&feed);
+        self.calls += 1;
+        Ok(logits.tail(draft.len() + 1))
+    }
+
+    /// Tokens of `context` besides its last that the next scoring pass must catch up on.
+    pub fn behind(&self, context: &[u32]) -> usize {
+        let keep = common_prefix(&self.fed, context, self.stable);
+        context.len().saturating_sub(1).saturating_sub(keep)
+    }
+
+    /// The seconds [`SyncedModel::score`] will take to score a draft of `draft` tokens after
+    /// `context`, with this model's measured `cost`: the tokens it must catch up on count too.
+    pub fn score_seconds(&self, context: &[u32], draft: usize, cost: &ForwardCost) -> f64 {
+        let keep =
+            common_prefix(&self.fed, context, self.stable).min(context.len().saturating_sub(1));
+        let behind = context.len() - keep;
+        let at = context.len();
+        if behind <= CATCH_UP_IN_PASS {
+            cost.seconds_at(behind + draft, at)
+        } else {
+            cost.seconds_at(behind - 1, at) + cost.seconds_at(1 + draft, at)
+        }
+    }
+
+    /// Keeps the first `len` tokens of the cache (context plus accepted draft tokens).
+    pub fn settle(&mut self, len: usize) {
+        self.model.truncate(len);
+        self.fed.truncate(len);
+        self.stable = self.stable.min(len);
+    }
+
+    /// The committed sequence is now `context` (it extends the previous one): the cache's
+    /// agreement with it is checked once, past the old watermark.
+    pub fn commit(&mut self, context: &[u32]) {
+        self.stable = common_prefix(&self.fed, context, self.stable);
+    }
+}
+
+/// Most tokens of context (the last one included) fed in the scoring pass itself.
+const CATCH_UP_IN_PASS: usize = 4;
+
+/// Length of the common prefix of `a` and `b`, checking from `from` on (the caller knows the
+/// first `from` tokens agree), so the cost does not grow with the context.
+pub(crate) fn common_prefix(a: &[u32], b: &[u32], from: usize) -> usize {
+    let n = a.len().min(b.len());
+    let from = from.min(n);
+    from + a[from..n]
+        .iter()
+        .zip(&b[from..n])
+        .take_while(|(x, y)| x == y)
+        .count()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+
+    /// A model that records what it was fed, and counts its forward passes.
+    struct Echo(Vec<u32>, Arc<AtomicUsize>);
+
+    impl Model for Echo {
+        fn name(&self) -> &str {
+            "echo"
+        }
+        fn forward(&mut self, tokens: &[u32]) -> Result<Logits> {
+            self.0.extend_from_slice(tokens);
+            self.1.fetch_add(1, Ordering::Relaxed);
+            Ok(Logits::new(vec![0.0; tokens.len() * 2], 2))
+        }
+        fn len(&self) -> usize {
+            self.0.len()
+        }
+        fn truncate(&mut self, len: usize) {
+            self.0.truncate(len)
+        }
+        fn vocab_size(&self) -> usize {
+            2
+        }
+        fn max_len(&self) -> usize {
+            1 << 20
+        }
+    }
+
+    fn echo() -> (SyncedModel, Arc<AtomicUsize>) {
+        let passes = Arc::new(AtomicUsize::new(0));
+        let m = SyncedModel::new(Box::new(Echo(Vec::new(), passes.clone())));
+        (m, passes)
+    }
+
+    #[test]
+    fn the_cache_follows_speculative_sequences_and_commits() {
+        let (mut m, _) = echo();
+        m.score(&[1, 2, 3], &[4, 5]).unwrap();
+        m.settle(4); // 4 accepted, 5 rejected
+        m.commit(&[1, 2, 3, 4, 6]);
+        assert_eq!(m.stable, 4);
+        // Speculative text from elsewhere replaces the tail; the committed part is kept.
+        m.score(&[1, 2, 3, 4, 6, 7, 8], &[]).unwrap();
+        assert_eq!(m.fed, [1, 2, 3, 4, 6, 7, 8]);
+        m.score(&[1, 2, 3, 4, 6, 9], &[]).unwrap();
+        assert_eq!(m.fed, [1, 2, 3, 4, 6, 9]);
+        assert!(m.score(&[], &[1]).is_err());
+    }
+
+    #[test]
+    fn a_short_catch_up_rides_in_the_scoring_pass() {
+        let (mut m, passes) = echo();
+        m.score(&[1, 2, 3], &[]).unwrap();
+        let before = passes.load(Ordering::Relaxed);
+        // Three tokens behind: one pass over [4, 5, 6] and the draft, rows for [6, 7] only.
+        let logits = m.score(&[1, 2, 3, 4, 5, 6], &[7]).unwrap();
+        assert_eq!(passes.load(Ordering::Relaxed), before + 1);
+        assert_eq!(logits.rows(), 2);
+        assert_eq!(m.fed, [1, 2, 3, 4, 5, 6, 7]);
+        // Far behind: a prefill, then the scoring pass.
+        let long: Vec<u32> = (1..=20).collect();
+        m.score(&long, &[]).unwrap();
+        assert_eq!(passes.load(Ordering::Relaxed), before + 3);
+        assert_eq!(m.fed, long);
+    }
+}

@@ -1,0 +1,174 @@
+//! A model that reviews drafts, and the one review round every level runs.
+//!
+//! The target verifying its drafter and a vertical cascade's reviewer reviewing its inner
+//! drafter are the same operation, [`Reviewer::round`]: draft, check the drafter's contract,
+//! score the draft in one forward pass, review it, count, and roll the cache back past the
+//! rejected tokens.
+
+use crate::costs::ForwardCost;
+use crate::draft::{Draft, Drafter, Request};
+use crate::error::Result;
+use crate::gate::{Adaptive, Gate, Source};
+use crate::model::{Logits, Model, SyncedModel};
+use crate::review::{review, ReviewCounts, Verdict};
+use crate::sampling::{Dist, Rng, Sampling};
+
+/// A review rule: given the draft, its distributions `q`, the reviewer's logits for every
+/// draft position and the one after, the sampling settings and a lenience, decides how many
+/// draft tokens are kept and the token that follows; when asked, also pushes the
+/// distribution each emitted token was effectively drawn from. [`review`] is the exact one.
+pub type ReviewRule = fn(
+    draft: &[u32],
+    q: &[Dist],
+    logits: &Logits,
+    sampling: &Sampling,
+    lenience: f32,
+    rng: &mut Rng,
+    emitted: Option<&mut Vec<Dist>>,
+) -> Verdict;
+
+/// What one round produced.
+#[derive(Clone, Debug)]
+pub struct Round {
+    /// The emitted tokens: the accepted draft tokens, then the reviewer's own (the
+    /// recovered token after a rejection, or the bonus token).
+    pub tokens: Vec<u32>,
+    /// When asked for: the distribution each emitted token was effectively drawn from.
+    pub dists: Vec<Dist>,
+    /// Draft tokens proposed and accepted.
+    pub drafted: usize,
+    pub accepted: usize,
+    /// With adaptive drafting: the round's expected tokens and seconds, as predicted from the
+    /// measured costs and the learned acceptance when the draft was made.
+    pub predicted: Option<(f64, f64)>,
+    /// The reviewer's logits: row `i` scored emitted token `i`.
+    pub logits: Logits,
+}
+
+/// A model that reviews the drafts of the drafter below it.
+pub struct Reviewer {
+    model: SyncedModel,
+    rule: ReviewRule,
+    lenience: f32,
+    /// Reviews of the drafter's proposals, by position.
+    pub counts: ReviewCounts,
+    /// When drafts are sized adaptively: this model's forward cost and what it learned.
+    adaptive: Option<Adaptive>,
+}
+
+impl Reviewer {
+    /// A reviewer with the exact rule and the given lenience (1 keeps the output exact;
+    /// more is allowed inside a cascade only).
+    pub fn new(model: Box<dyn Model>, lenience: f32) -> Self {
+        Self {
+            model: SyncedModel::new(model),
+            rule: review,
+            lenience,
+            counts: ReviewCounts::default(),
+            adaptive: None,
+        }
+    }
+
+    /// Sizes drafts adaptively (see [`crate::gate`]), with this model's measured forward
+    /// cost; the draft length asked for becomes an upper bound.
+    pub fn set_adaptive(&mut self, verify: ForwardCost) {
+        self.adaptive = Some(Adaptive::new(verify));
+    }
+
+    /// With adaptive drafting, what this level learned of the drafters below it.
+    pub fn adaptive(&self) -> Option<&Adaptive> {
+        self.adaptive.as_ref()
+    }
+
+    /// Replaces the review rule: for experiments, and for tests that show a broken rule is
+    /// caught by the distribution test.
+    pub fn set_rule(&mut self, rule: ReviewRule) {
+        self.rule = rule;
+    }
+
+    pub fn set_lenience(&mut self, lenience: f32) {
+        self.lenience = lenience;
+    }
+
+    pub fn model(&self) -> &dyn Model {
+        self.model.model()
+    }
+
+    /// Forward passes over drafts.
+    pub fn calls(&self) -> usize {
+        self.model.calls
+    }
+
+    /// A new sequence begins with `prompt`: the cache is rebuilt with it (prefill) and the
+    /// counters start over.
+    pub fn start(&mut self, prompt: &[u32]) -> Result<()> {
+        self.model.reset();
+        self.counts = ReviewCounts::default();
+        if let Some(a) = &mut self.adaptive {
+            a.reset_counts();
+        }
+        self.model.prepare(prompt)
+    }
+
+    /// The committed sequence is now `context`.
+    pub fn commit(&mut self, context: &[u32]) {
+        self.model.commit(context);
+    }
+
+    /// One round over `context`: `drafter` proposes up to `k` tokens (none without a
+    /// drafter or with `k = 0`), the draft is checked against the drafter's contract, scored
+    /// in one forward pass and reviewed; the cache keeps the accepted tokens. With `emit`,
+    /// the round also reports the distribution each emitted token was drawn from (what a
+    /// cascade reports to the level above it).
+    pub fn round(
+        &mut self,
+        context: &[u32],
+        drafter: Option<&mut (dyn Drafter + '_)>,
+        k: usize,
+        sampling: &Sampling,
+        rng: &mut Rng,
+        emit: bool,
+    ) -> Result<Round> {
+        let mut gate = match &self.adaptive {
+            Some(a) => Gate::adaptive_at(a.clone(), self.model.behind(context), context.len()),
+            None => Gate::fixed(),
+        };
+        let draft = match drafter {
+            Some(d) if k > 0 => {
+                let source: Source = d.name().into();
+                let vocab = self.model().vocab_size();
+                let mut request = Request::new(sampling, rng, &mut gate, source, k, vocab);
+                let draft = d.draft(context, &mut request)?;
+                request.check(&draft, d.name())?;
+                draft
+            }
+            _ => Draft::new(),
+        };
+        let logits = self.model.score(context, draft.tokens())?;
+        let mut dists = Vec::new();
+        let verdict = (self.rule)(
+            draft.tokens(),
+            draft.dists(),
+            &logits,
+            sampling,
+            self.lenience,
+            rng,
+            emit.then_some(&mut dists),
+        );
+        self.counts.record(draft.len(), verdict.accepted);
+        if let Some(a) = &mut self.adaptive {
+            a.learn(&gate, verdict.accepted);
+        }
+        self.model.settle(context.len() + verdict.accepted);
+        let mut tokens = draft.tokens()[..verdict.accepted].to_vec();
+        tokens.push(verdict.next);
+        Ok(Round {
+            tokens,
+            dists,
+            drafted: draft.len(),
+            accepted: verdict.accepted,
+            predicted: gate.prediction(),
+            logits,
+        })
+    }
+}

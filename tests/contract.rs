@@ -1,0 +1,109 @@
+//! Drafters are held to their contract at every review level: a plug-in that proposes an
+//! out-of-vocabulary token, or tokens it was not admitted, is a clear error wherever it sits
+//! in the tree (the target's review, a vertical cascade's, a horizontal cascade's part), never
+//! an index out of bounds; and an empty context is an error, not a panic.
+
+mod common;
+
+use cascade::draft::{try_propose, Draft, Drafter, Request};
+use cascade::drafter::{HorizontalCascade, NeuralDrafter, VerticalCascade};
+use cascade::engine::{Engine, GenerateOptions};
+use cascade::sampling::{Dist, Rng, Sampling};
+use cascade::Error;
+use common::{toy_tokenizer, ToyModel};
+use rand::SeedableRng;
+
+const VOCAB: usize = 6;
+
+/// A plug-in that proposes `token`, asking admission first or not.
+struct Broken {
+    token: u32,
+    ask: bool,
+}
+
+impl Drafter for Broken {
+    fn name(&self) -> &str {
+        "broken"
+    }
+
+    fn draft(&mut self, _: &[u32], request: &mut Request) -> cascade::Result<Draft> {
+        let mut d = Draft::new();
+        if !self.ask || request.admit(None) {
+            d.push(self.token, Dist::Point(self.token));
+        }
+        Ok(d)
+    }
+}
+
+fn toy() -> Box<ToyModel> {
+    Box::new(ToyModel::new(5, VOCAB, 3.0))
+}
+
+fn generate(drafter: Box<dyn Drafter>) -> Result<(), Error> {
+    let mut e = Engine::new(toy(), Some(drafter), toy_tokenizer(VOCAB));
+    e.generate(&[1, 2], &GenerateOptions::default(), &mut |_| {})
+        .map(drop)
+}
+
+fn vertical(inner: Box<dyn Drafter>) -> Box<dyn Drafter> {
+    Box::new(VerticalCascade::new("v", toy(), inner, 3, 1.0))
+}
+
+fn horizontal(part: Box<dyn Drafter>) -> Box<dyn Drafter> {
+    let neural = Box::new(NeuralDrafter::new("n", toy()));
+    Box::new(HorizontalCascade::new("h", vec![(neural, 1), (part, 2)]))
+}
+
+#[test]
+fn an_out_of_vocabulary_token_is_an_error_at_every_level() {
+    let want = "drafter broke its contract: `broken` proposed token id 99, outside the vocabulary (6 tokens)";
+    let bad = || {
+        Box::new(Broken {
+            token: 99,
+            ask: true,
+        })
+    };
+    for (level, drafter) in [
+        ("target", bad() as Box<dyn Drafter>),
+        ("vertical cascade", vertical(bad())),
+        ("horizontal cascade", horizontal(bad())),
+        (
+            "vertical cascade over a horizontal one",
+            vertical(horizontal(bad())),
+        ),
+    ] {
+        let e = generate(drafter).unwrap_err();
+        assert_eq!(e.to_string(), want, "{level}");
+    }
+}
+
+#[test]
+fn tokens_not_admitted_are_an_error_at_every_level() {
+    let want = "drafter broke its contract: `broken` returned 1 tokens but 0 were admitted \
+                (call `Request::admit` once before each token)";
+    let rude = || {
+        Box::new(Broken {
+            token: 1,
+            ask: false,
+        })
+    };
+    for (level, drafter) in [
+        ("target", rude() as Box<dyn Drafter>),
+        ("vertical cascade", vertical(rude())),
+        ("horizontal cascade", horizontal(rude())),
+    ] {
+        let e = generate(drafter).unwrap_err();
+        assert_eq!(e.to_string(), want, "{level}");
+    }
+}
+
+#[test]
+fn a_cascade_asked_to_continue_nothing_is_an_error() {
+    let mut v = VerticalCascade::new("v", toy(), Box::new(NeuralDrafter::new("n", toy())), 3, 1.0);
+    let mut rng = Rng::seed_from_u64(0);
+    let e = try_propose(&mut v, &[], 2, &Sampling::greedy(), &mut rng).unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "empty prompt: at least one token is needed to start generation"
+    );
+}
