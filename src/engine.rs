@@ -77,9 +77,11 @@ pub struct Stats {
     pub prefill_seconds: f64,
     pub decode_seconds: f64,
     /// With adaptive drafting: the rounds' expected tokens and seconds as the cost model
-    /// predicted them when each draft was made (sums over rounds).
+    /// predicted them when each draft was made, and what plain decoding of those tokens would
+    /// take (sums over rounds).
     pub predicted_tokens: f64,
     pub predicted_seconds: f64,
+    pub predicted_decode_seconds: f64,
     /// With adaptive drafting: the target's reviews of each drafter by confidence bucket.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub acceptance_by_confidence: Vec<SourceBuckets>,
@@ -117,6 +119,13 @@ impl Stats {
         } else {
             0.0
         }
+    }
+
+    /// The speedup over plain decoding the cost model predicted (`None` without adaptive
+    /// drafting).
+    pub fn predicted_speedup(&self) -> Option<f64> {
+        (self.predicted_seconds > 0.0)
+            .then(|| self.predicted_decode_seconds / self.predicted_seconds)
     }
 
     /// Mean draft length per target call.
@@ -249,7 +258,9 @@ impl Engine {
                 .target
                 .round(&context, drafter, k, &opts.sampling, &mut rng, false)?;
             if trace() {
-                let (e, t) = round.predicted.unwrap_or((0.0, 0.0));
+                let (e, t) = round
+                    .predicted
+                    .map_or((0.0, 0.0), |p| (p.tokens, p.seconds));
                 eprintln!(
                     "round {:>3}: drafted {} accepted {} | predicted {:.2} tokens in {:.1} ms | took {:.1} ms",
                     stats.target_calls,
@@ -262,9 +273,10 @@ impl Engine {
             }
             stats.target_calls += 1;
             stats.record(round.drafted, round.accepted);
-            if let Some((tokens, seconds)) = round.predicted {
-                stats.predicted_tokens += tokens;
-                stats.predicted_seconds += seconds;
+            if let Some(p) = round.predicted {
+                stats.predicted_tokens += p.tokens;
+                stats.predicted_seconds += p.seconds;
+                stats.predicted_decode_seconds += p.tokens * p.decode_seconds;
             }
             for token in round.tokens {
                 context.push(token);

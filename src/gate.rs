@@ -241,13 +241,23 @@ impl Adaptive {
                 }
             }
         }
-        if let (Some((_, seconds)), Some(p)) = (gate.prediction(), &gate.policy) {
-            let rate = (accepted + 1) as f64 / seconds;
+        if let Some(p) = gate.prediction() {
+            let rate = (accepted + 1) as f64 / p.seconds;
             self.rate = (1.0 - RATE_WEIGHT) * self.rate + RATE_WEIGHT * rate;
-            let decoding = 1.0 / self.verify.seconds_at(1, p.context);
-            self.decoding = (1.0 - RATE_WEIGHT) * self.decoding + RATE_WEIGHT * decoding;
+            self.decoding = (1.0 - RATE_WEIGHT) * self.decoding + RATE_WEIGHT / p.decode_seconds;
         }
     }
+}
+
+/// What the cost model predicts for a round.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Prediction {
+    /// Expected tokens emitted.
+    pub tokens: f64,
+    /// Expected seconds: drafting and the reviewer's forward.
+    pub seconds: f64,
+    /// Seconds of a plain decode step at the round's context.
+    pub decode_seconds: f64,
 }
 
 /// The gate of one round.
@@ -405,12 +415,14 @@ impl Gate {
         &self.positions
     }
 
-    /// For an adaptive gate: the expected tokens of the round and its expected seconds
-    /// (drafting and the reviewer's forward), as the cost model predicts them.
-    pub fn prediction(&self) -> Option<(f64, f64)> {
-        self.policy.as_ref().map(|p| {
-            let n = self.positions.len();
-            (p.expected, p.drafting + p.verify(n))
+    /// For an adaptive gate, as the cost model predicts the round: its expected tokens, its
+    /// expected seconds (drafting and the reviewer's forward), and the seconds plain decoding
+    /// takes per token at this context.
+    pub fn prediction(&self) -> Option<Prediction> {
+        self.policy.as_ref().map(|p| Prediction {
+            tokens: p.expected,
+            seconds: p.drafting + p.verify(self.positions.len()),
+            decode_seconds: p.adaptive.verify.seconds_at(1, p.context),
         })
     }
 }

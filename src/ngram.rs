@@ -6,17 +6,18 @@
 //! File layout (little-endian):
 //! `b"CSBIGRAM"`, version `u32`, tokenizer fingerprint `u64`, vocabulary size `u32`,
 //! entries `u32`, then `offsets: [u32; vocab + 1]`, `next: [u32; entries]`,
-//! `probs: [f32; entries]`, and an FxHash-64 checksum `u64` of everything before it.
+//! `probs: [f32; entries]`, and the CRC-32 (`u32`) of everything before it.
 //! The successors of token `t` are `next[offsets[t]..offsets[t + 1]]`, most likely first.
+//! Reading checks every length against the file size before allocating, and every offset,
+//! token id and probability before use.
 
 use crate::error::{Error, Result};
 use crate::tokenizer::Tokenizer;
 use fxhash::FxHashMap;
-use std::hash::Hasher;
 use std::path::{Path, PathBuf};
 
 const MAGIC: &[u8; 8] = b"CSBIGRAM";
-const VERSION: u32 = 1;
+const VERSION: u32 = 2;
 
 /// A bigram table in compressed sparse rows.
 #[derive(Clone, Debug, PartialEq)]
@@ -120,7 +121,7 @@ impl BigramTable {
         self.probs
             .iter()
             .for_each(|v| out.extend_from_slice(&v.to_le_bytes()));
-        let sum = checksum(&out);
+        let sum = crc32fast::hash(&out);
         out.extend_from_slice(&sum.to_le_bytes());
         out
     }
@@ -141,7 +142,9 @@ impl BigramTable {
         }
         let fingerprint = u64::from_le_bytes(bytes[12..20].try_into().unwrap());
         let (vocab, entries) = (u32_at(20) as usize, u32_at(24) as usize);
-        let expected = 28 + 4 * (vocab + 1) + 8 * entries + 8;
+        // u32 counts: the sum cannot overflow a 64-bit usize, and is compared with the real
+        // size before anything is allocated.
+        let expected = 28 + 4 * (vocab + 1) + 8 * entries + 4;
         if bytes.len() != expected {
             return Err(bad_table(
                 path,
@@ -151,18 +154,24 @@ impl BigramTable {
                 ),
             ));
         }
-        let body = &bytes[..expected - 8];
-        if checksum(body) != u64::from_le_bytes(bytes[expected - 8..].try_into().unwrap()) {
+        let body = &bytes[..expected - 4];
+        if crc32fast::hash(body) != u32_at(expected - 4) {
             return Err(bad("corrupt: checksum mismatch"));
         }
         let words = |from: usize, n: usize| (0..n).map(move |i| u32_at(from + 4 * i));
         let offsets: Vec<u32> = words(28, vocab + 1).collect();
         let next: Vec<u32> = words(28 + 4 * (vocab + 1), entries).collect();
-        let probs = words(28 + 4 * (vocab + 1 + entries), entries)
+        let probs: Vec<f32> = words(28 + 4 * (vocab + 1 + entries), entries)
             .map(f32::from_bits)
             .collect();
         if offsets.windows(2).any(|w| w[0] > w[1]) || offsets[vocab] as usize != entries {
             return Err(bad("corrupt: row offsets out of order"));
+        }
+        if next.iter().any(|&t| t as usize >= vocab) {
+            return Err(bad("corrupt: a successor outside the vocabulary"));
+        }
+        if probs.iter().any(|p: &f32| !(0.0..=1.0).contains(p)) {
+            return Err(bad("corrupt: a probability outside [0, 1]"));
         }
         Ok(Self {
             fingerprint,
@@ -189,12 +198,6 @@ fn bad_table(path: &Path, reason: String) -> Error {
         path: path.to_path_buf(),
         reason,
     }
-}
-
-fn checksum(bytes: &[u8]) -> u64 {
-    let mut h = fxhash::FxHasher64::default();
-    h.write(bytes);
-    h.finish()
 }
 
 /// Counts the bigrams of a corpus, file by file.
@@ -233,32 +236,74 @@ impl<'a> BigramCounter<'a> {
     }
 }
 
-/// Files under `roots` (files, or folders searched recursively) whose extension is in
-/// `extensions` (all files if empty), in a stable order.
-pub fn corpus_files(roots: &[PathBuf], extensions: &[String]) -> Result<Vec<PathBuf>> {
+/// Files under `roots` (files, or folders searched recursively, symbolic links followed)
+/// whose extension is in `extensions` (all files if empty) and whose path has no component
+/// named in `exclude`, in a stable order. A symbolic link that loops back is skipped.
+pub fn corpus_files(
+    roots: &[PathBuf],
+    extensions: &[String],
+    exclude: &[String],
+) -> Result<Vec<PathBuf>> {
     let mut files = Vec::new();
-    let mut stack: Vec<PathBuf> = roots.to_vec();
-    while let Some(p) = stack.pop() {
-        let meta = std::fs::metadata(&p).map_err(|e| {
-            Error::Io(std::io::Error::new(
-                e.kind(),
-                format!("{}: {e}", p.display()),
-            ))
-        })?;
-        if meta.is_dir() {
-            for entry in std::fs::read_dir(&p)? {
-                stack.push(entry?.path());
+    for root in roots {
+        let walk = walkdir::WalkDir::new(root)
+            .follow_links(true)
+            .into_iter()
+            .filter_entry(|e| !exclude.iter().any(|x| e.file_name() == x.as_str()));
+        for entry in walk {
+            let entry = match entry {
+                Ok(e) => e,
+                Err(e) if e.loop_ancestor().is_some() => continue,
+                Err(e) => {
+                    let at = e.path().unwrap_or(root).display().to_string();
+                    return Err(Error::Io(std::io::Error::other(format!("{at}: {e}"))));
+                }
+            };
+            let p = entry.path();
+            let wanted = extensions.is_empty()
+                || p.extension()
+                    .and_then(|e| e.to_str())
+                    .is_some_and(|e| extensions.iter().any(|x| x == e));
+            if entry.file_type().is_file() && wanted {
+                files.push(p.to_path_buf());
             }
-        } else if extensions.is_empty()
-            || p.extension()
-                .and_then(|e| e.to_str())
-                .is_some_and(|e| extensions.iter().any(|x| x == e))
-        {
-            files.push(p);
         }
     }
     files.sort();
     Ok(files)
+}
+
+/// What [`build_table`] read.
+pub struct BuildSummary {
+    pub files: usize,
+    /// Files skipped because they are not UTF-8 text.
+    pub skipped: usize,
+    pub tokens: u64,
+}
+
+/// Counts the bigrams of `files` with `tokenizer` and keeps the `top` successors of each
+/// token; `progress(bytes)` after each file.
+pub fn build_table(
+    files: &[PathBuf],
+    tokenizer: &Tokenizer,
+    top: usize,
+    progress: &mut dyn FnMut(u64),
+) -> Result<(BigramTable, BuildSummary)> {
+    let mut counter = BigramCounter::new(tokenizer);
+    let mut skipped = 0;
+    for f in files {
+        match std::fs::read_to_string(f) {
+            Ok(text) => counter.add_text(&text)?,
+            Err(_) => skipped += 1,
+        }
+        progress(f.metadata().map_or(0, |m| m.len()));
+    }
+    let summary = BuildSummary {
+        files: files.len() - skipped,
+        skipped,
+        tokens: counter.tokens,
+    };
+    Ok((counter.into_table(top), summary))
 }
 
 #[cfg(test)]
@@ -303,9 +348,45 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert_eq!(e, "bigram table t.bigram: corrupt: checksum mismatch");
+        // A successor outside the vocabulary, with a checksum that matches.
+        let mut bad = bytes[..bytes.len() - 4].to_vec();
+        let next_at = 28 + 4 * (8 + 1);
+        bad[next_at..next_at + 4].copy_from_slice(&99u32.to_le_bytes());
+        let sum = crc32fast::hash(&bad);
+        bad.extend_from_slice(&sum.to_le_bytes());
+        let e = BigramTable::from_bytes(&bad, p).unwrap_err().to_string();
+        assert_eq!(
+            e,
+            "bigram table t.bigram: corrupt: a successor outside the vocabulary"
+        );
+        let mut flipped = bytes.clone();
+        flipped[40] ^= 1;
+        let e = BigramTable::from_bytes(&flipped, p)
+            .unwrap_err()
+            .to_string();
+        assert_eq!(e, "bigram table t.bigram: corrupt: checksum mismatch");
         let e = BigramTable::from_bytes(b"GGUF....", p)
             .unwrap_err()
             .to_string();
         assert_eq!(e, "bigram table t.bigram: not a bigram table (bad magic)");
+    }
+}
+
+#[cfg(all(test, unix))]
+mod walk_tests {
+    use super::*;
+
+    #[test]
+    fn a_symlink_loop_in_the_corpus_ends() {
+        let dir = tempfile::tempdir().unwrap();
+        let sub = dir.path().join("a");
+        std::fs::create_dir(&sub).unwrap();
+        std::fs::write(sub.join("x.py"), "print(1)\n").unwrap();
+        std::os::unix::fs::symlink(dir.path(), sub.join("loop")).unwrap();
+        let files = corpus_files(&[dir.path().to_path_buf()], &["py".into()], &[]).unwrap();
+        assert_eq!(files, [sub.join("x.py")]);
+        let none =
+            corpus_files(&[dir.path().to_path_buf()], &["py".into()], &["a".into()]).unwrap();
+        assert!(none.is_empty());
     }
 }

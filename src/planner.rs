@@ -13,8 +13,11 @@
 //! the level above; its inner split is chosen for the share of positions that level gives it
 //! now.
 
-use crate::bench::{interpolate, Report, RunRecord};
-use crate::config::{file_label, DrafterNode, DrafterPlan, ModelPlan, Plan, RawConfig, RawDrafter};
+use crate::bench::{Report, RunRecord};
+use crate::config::{
+    file_label, DrafterNode, DrafterPlan, KMatrixRole, ModelPlan, Plan, RawConfig,
+};
+use crate::costs::interpolate;
 use crate::error::{Error, Result};
 use crate::review::ReviewCounts;
 use crate::theory::{self, Segment};
@@ -23,11 +26,11 @@ use std::path::Path;
 /// The plan for one review level.
 #[derive(Clone, Debug)]
 pub struct LevelPlan {
-    /// The reviewing node (`target`, or a vertical cascade's name).
-    pub reviewer: String,
-    /// The draft node under it, and the names of its parts (one for a single drafter).
-    pub draft: String,
-    pub parts: Vec<String>,
+    /// The reviewing node.
+    pub reviewer: Reviewing,
+    /// The draft node under it, and its parts (one for a single drafter).
+    pub draft: NodeRef,
+    pub parts: Vec<NodeRef>,
     pub segments: Vec<Segment>,
     pub current: Vec<usize>,
     /// At the target: predicted speedup. Inside the tree: target calls per emitted token for
@@ -49,9 +52,119 @@ pub enum Rating {
     },
 }
 
+/// Who reviews at a level.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Reviewing {
+    Target,
+    /// A vertical cascade of the tree.
+    Cascade(NodeRef),
+}
+
+/// A node of the drafter tree, by name and, if it was expanded from a K matrix, its place there.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NodeRef {
+    pub name: String,
+    pub k_matrix: Option<KMatrixRole>,
+}
+
+impl NodeRef {
+    fn of(node: &DrafterNode) -> Self {
+        Self {
+            name: node.name.clone(),
+            k_matrix: node.k_matrix.clone(),
+        }
+    }
+}
+
+impl std::fmt::Display for NodeRef {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.name)
+    }
+}
+
+impl std::fmt::Display for Reviewing {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Reviewing::Target => f.write_str("target"),
+            Reviewing::Cascade(n) => f.write_str(&n.name),
+        }
+    }
+}
+
 impl LevelPlan {
+    /// The best split (planning ranks at least one).
     pub fn best(&self) -> &[usize] {
         &self.ranked[0].0
+    }
+}
+
+/// What `cascade plan` prints for a level: its drafters' measured figures, the best splits,
+/// the verdict, and a note where a pick rests on rates measured elsewhere.
+impl std::fmt::Display for LevelPlan {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let rounded =
+            |v: &[f64]| -> Vec<f64> { v.iter().map(|a| (a * 100.0).round() / 100.0).collect() };
+        let what = match self.rating {
+            Rating::Speedup => "predicted speedup".to_string(),
+            Rating::CostPerToken { share } => format!("target calls per token, emitting {share}"),
+        };
+        let names: Vec<&str> = self.parts.iter().map(|p| p.name.as_str()).collect();
+        writeln!(
+            f,
+            "{} reviews `{}` (drafting from {names:?}):",
+            self.reviewer, self.draft
+        )?;
+        for (d, s) in self.parts.iter().zip(&self.segments) {
+            let per_token = s.cost.get(1).copied().unwrap_or(0.0);
+            // Past the measured positions (one per fill value), the pooled rate.
+            let (measured, beyond) = s.accept.split_at(s.fill.len().min(s.accept.len()));
+            let beyond = beyond
+                .first()
+                .map_or(String::new(), |a| format!(" then {a:.2}"));
+            writeln!(
+                f,
+                "  {d}: kept by position {:?}{beyond} (not drafted counts as rejected), drafted in {:?} of reviews, {per_token:.3} target calls for one token",
+                rounded(measured),
+                rounded(&s.fill),
+            )?;
+        }
+        writeln!(f, "| counts | {what} (verify = 1 call, the papers) | {what} (measured verify cost) |\n|---|---|---|")?;
+        for (counts, paper, measured) in self.ranked.iter().take(8) {
+            writeln!(f, "| {counts:?} | {paper:.3} | {measured:.3} |")?;
+        }
+        let (best, value) = (self.best(), self.ranked[0].2);
+        let verdict = match self.rating {
+            Rating::Speedup if value < 1.0 => ", slower than autoregressive decoding",
+            _ => "",
+        };
+        write!(
+            f,
+            "current {:?}: {:.3}; best on this machine: {best:?} ({value:.3}{verdict})",
+            self.current, self.current_value
+        )?;
+        // A part moved to earlier positions keeps the rates measured where it was: a guess.
+        let starts = |counts: &[usize]| -> Vec<usize> {
+            counts
+                .iter()
+                .scan(0, |at, n| Some(std::mem::replace(at, *at + n)))
+                .collect()
+        };
+        for ((d, now), (then, n)) in self
+            .parts
+            .iter()
+            .zip(starts(&self.current))
+            .zip(starts(best).into_iter().zip(best))
+        {
+            if *n > 0 && then < now {
+                write!(
+                    f,
+                    "\n  note: `{d}` was measured from position {} on; the best split puts it at {} with the same rates, so bench the written config to confirm",
+                    now + 1,
+                    then + 1
+                )?;
+            }
+        }
+        Ok(())
     }
 }
 
@@ -120,7 +233,7 @@ pub fn plan_levels(m: &Measured, plan: &Plan, max_k: usize) -> Result<Vec<LevelP
     let reviews = m.target_reviews();
     let (_, verify) = m.cost(&plan.target)?;
     let level = Level {
-        reviewer: "target".into(),
+        reviewer: Reviewing::Target,
         c: 1.0,
         verify,
         share: k,
@@ -129,10 +242,10 @@ pub fn plan_levels(m: &Measured, plan: &Plan, max_k: usize) -> Result<Vec<LevelP
     Ok(levels)
 }
 
-/// A reviewer: its name, cost per one-token forward (target calls), r(k), and the number of
+/// A reviewer: who, its cost per one-token forward (target calls), r(k), and the number of
 /// tokens the level above wants from it per draft.
 struct Level<'a> {
-    reviewer: String,
+    reviewer: Reviewing,
     c: f64,
     verify: &'a [(usize, f64)],
     share: usize,
@@ -201,7 +314,7 @@ fn plan_level(
     let (c, r) = (level.c, level.verify);
     let measured = move |x: f64| c * interpolate(r, x);
     let paper = move |_: f64| c;
-    let target = level.reviewer == "target";
+    let target = level.reviewer == Reviewing::Target;
     let rating = if target {
         Rating::Speedup
     } else {
@@ -233,6 +346,12 @@ fn plan_level(
         }
     };
     ranked.sort_by(|a, b| better(a.2, b.2));
+    if ranked.is_empty() {
+        return Err(Error::Plan(format!(
+            "`{}`: no split of at most {max_k} tokens to rate",
+            draft.name
+        )));
+    }
     let current_value = rate(&segments_now, &current, &measured);
     let costs = PartCost {
         current: theory::emission_costs(&segments_now, &current, &measured, horizon),
@@ -240,8 +359,8 @@ fn plan_level(
     };
     out.push(LevelPlan {
         reviewer: level.reviewer.clone(),
-        draft: draft.name.clone(),
-        parts: parts.iter().map(|(d, _)| d.name.clone()).collect(),
+        draft: NodeRef::of(draft),
+        parts: parts.iter().map(|(d, _)| NodeRef::of(d)).collect(),
         segments: segments_best,
         current,
         rating,
@@ -278,7 +397,7 @@ fn part_cost(
         } => {
             let (c, verify) = m.cost(reviewer)?;
             let level = Level {
-                reviewer: node.name.clone(),
+                reviewer: Reviewing::Cascade(NodeRef::of(node)),
                 c,
                 verify,
                 share,
@@ -298,51 +417,78 @@ fn part_cost(
                 node.name
             )))
         }
+        DrafterPlan::Plugin { kind, .. } => {
+            return Err(Error::Plan(format!(
+                "`{}`: a plug-in drafter (kind `{kind}`) has no measured cost to plan with",
+                node.name
+            )))
+        }
     })
 }
 
 /// Writes the best settings of `levels` into the config document `doc` (parsed from the
 /// file `raw` was read from): draft lengths `k`, schedules, K-matrix rows and `last_k`.
 pub fn write_best(raw: &RawConfig, doc: &mut toml::Value, levels: &[LevelPlan]) -> Result<()> {
+    let _ = raw;
     for l in levels {
         let best = l.best();
         let total = best.iter().sum::<usize>() as i64;
         // The reviewer's draft length.
-        if l.reviewer == "target" {
-            *entry(doc, &["target", "k"])? = total.into();
-        } else if let Some(RawDrafter::Vertical { .. }) = raw.drafters.get(&l.reviewer) {
-            *entry(doc, &["drafters", &l.reviewer, "k"])? = total.into();
-        } else if let Some((name, i, n)) = k_matrix_reviewer(raw, &l.reviewer) {
-            if i == n {
-                *entry(doc, &["drafters", name, "last_k"])? = total.into();
-            } // else the row written below sums to it
+        match &l.reviewer {
+            Reviewing::Target => *entry(doc, &["target", "k"])? = total.into(),
+            Reviewing::Cascade(NodeRef {
+                k_matrix:
+                    Some(KMatrixRole::Reviewer {
+                        matrix,
+                        index,
+                        reviewers,
+                    }),
+                ..
+            }) => {
+                if index == reviewers {
+                    *entry(doc, &["drafters", matrix, "last_k"])? = total.into();
+                } // else the row written below sums to it
+            }
+            Reviewing::Cascade(n) => *entry(doc, &["drafters", &n.name, "k"])? = total.into(),
         }
         // The split.
-        if let Some(RawDrafter::Horizontal { .. }) = raw.drafters.get(&l.draft) {
-            let kept: Vec<toml::Value> = l
-                .parts
-                .iter()
-                .zip(best)
-                .filter(|(_, n)| **n > 0)
-                .map(|(d, n)| toml::Value::Array(vec![d.as_str().into(), (*n as i64).into()]))
-                .collect();
-            *entry(doc, &["drafters", &l.draft, "schedule"])? = toml::Value::Array(kept);
-        } else if let Some((name, row, n)) = k_matrix_level(raw, &l.draft) {
-            // Row `row` (1-based) has columns d_row..d_n and the last drafter.
-            let mut cells = vec![0i64; n + 2 - row];
-            for (part, &count) in l.parts.iter().zip(best) {
-                let col = match k_matrix_reviewer(raw, part) {
-                    Some((_, d, _)) => d - row,
-                    None => n + 1 - row,
-                };
-                cells[col] = count as i64;
+        match &l.draft.k_matrix {
+            Some(KMatrixRole::Level {
+                matrix,
+                row,
+                reviewers,
+            }) => {
+                // Row `row` (1-based) has columns d_row..d_n and the last drafter.
+                let mut cells = vec![0i64; reviewers + 2 - row];
+                for (part, &count) in l.parts.iter().zip(best) {
+                    let col = match &part.k_matrix {
+                        Some(KMatrixRole::Reviewer { index, .. }) => index - row,
+                        _ => reviewers + 1 - row,
+                    };
+                    cells[col] = count as i64;
+                }
+                let rows = entry(doc, &["drafters", matrix, "k_matrix"])?;
+                let slot = rows
+                    .as_array_mut()
+                    .and_then(|r| r.get_mut(row - 1))
+                    .ok_or_else(|| {
+                        Error::Plan(format!("drafters.{matrix}.k_matrix lacks row {row}"))
+                    })?;
+                *slot = toml::Value::Array(cells.into_iter().map(toml::Value::from).collect());
             }
-            let rows = entry(doc, &["drafters", name, "k_matrix"])?;
-            let slot = rows
-                .as_array_mut()
-                .and_then(|r| r.get_mut(row - 1))
-                .ok_or_else(|| Error::Plan(format!("drafters.{name}.k_matrix lacks row {row}")))?;
-            *slot = toml::Value::Array(cells.into_iter().map(toml::Value::from).collect());
+            _ if l.parts.len() > 1 => {
+                let kept: Vec<toml::Value> = l
+                    .parts
+                    .iter()
+                    .zip(best)
+                    .filter(|(_, n)| **n > 0)
+                    .map(|(d, n)| {
+                        toml::Value::Array(vec![d.name.as_str().into(), (*n as i64).into()])
+                    })
+                    .collect();
+                *entry(doc, &["drafters", &l.draft.name, "schedule"])? = toml::Value::Array(kept);
+            }
+            _ => {}
         }
     }
     Ok(())
@@ -381,29 +527,6 @@ pub fn absolute_paths(doc: &mut toml::Value, base: &Path) {
                 .for_each(fix_section),
             _ => {}
         }
-    }
-}
-
-/// `X.d<i>` of a K-matrix drafter `X` with `n` reviewers: `(X, i, n)`.
-fn k_matrix_reviewer<'r>(raw: &'r RawConfig, node: &str) -> Option<(&'r str, usize, usize)> {
-    k_matrix_node(raw, node, ".d")
-}
-
-/// `X.level<r>` of a K-matrix drafter `X` with `n` reviewers: `(X, r, n)`; `X` itself is
-/// level 1, the target's draft.
-fn k_matrix_level<'r>(raw: &'r RawConfig, node: &str) -> Option<(&'r str, usize, usize)> {
-    match raw.drafters.get_key_value(node) {
-        Some((key, RawDrafter::KMatrix { reviewers, .. })) => Some((key, 1, reviewers.len())),
-        _ => k_matrix_node(raw, node, ".level"),
-    }
-}
-
-fn k_matrix_node<'r>(raw: &'r RawConfig, node: &str, tag: &str) -> Option<(&'r str, usize, usize)> {
-    let (name, i) = node.rsplit_once(tag)?;
-    let (key, d) = raw.drafters.get_key_value(name)?;
-    match d {
-        RawDrafter::KMatrix { reviewers, .. } => Some((key, i.parse().ok()?, reviewers.len())),
-        _ => None,
     }
 }
 

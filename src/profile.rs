@@ -70,8 +70,3 @@ pub fn report() -> Option<String> {
     }
     Some(out)
 }
-
-/// Clears the accumulated times (to profile one phase at a time).
-pub fn reset() {
-    NANOS.iter().for_each(|n| n.store(0, Ordering::Relaxed));
-}

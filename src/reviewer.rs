@@ -8,7 +8,7 @@
 use crate::costs::ForwardCost;
 use crate::draft::{Draft, Drafter, Request};
 use crate::error::Result;
-use crate::gate::{Adaptive, Gate, Source};
+use crate::gate::{Adaptive, Gate, Prediction, Source};
 use crate::model::{Logits, Model, SyncedModel};
 use crate::review::{review, ReviewCounts, Verdict};
 use crate::sampling::{Dist, Rng, Sampling};
@@ -38,9 +38,9 @@ pub struct Round {
     /// Draft tokens proposed and accepted.
     pub drafted: usize,
     pub accepted: usize,
-    /// With adaptive drafting: the round's expected tokens and seconds, as predicted from the
-    /// measured costs and the learned acceptance when the draft was made.
-    pub predicted: Option<(f64, f64)>,
+    /// With adaptive drafting: the round as the measured costs and the learned acceptance
+    /// predicted it when the draft was made.
+    pub predicted: Option<Prediction>,
     /// The reviewer's logits: row `i` scored emitted token `i`.
     pub logits: Logits,
 }

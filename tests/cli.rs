@@ -78,10 +78,16 @@ fn generate_json_carries_ids_text_and_counters_for_each_sample() {
             "accepted",
             "drafted_at",
             "accepted_at",
-            "tokens_per_call",
             "prefill_seconds",
         ] {
             assert!(!s["stats"][key].is_null(), "missing stats.{key}");
+        }
+        for key in [
+            "tokens_per_call",
+            "decode_tokens_per_second",
+            "acceptance_by_position",
+        ] {
+            assert!(!s["rates"][key].is_null(), "missing rates.{key}");
         }
     }
 }

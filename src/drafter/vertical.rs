@@ -109,7 +109,7 @@ impl Drafter for VerticalCascade {
             // What the round cost: as predicted when adaptive (drafting included), else the
             // reviewer's forward.
             let seconds = match (round.predicted, &self.cost) {
-                (Some((_, s)), _) => s,
+                (Some(p), _) => p.seconds,
                 (None, Some(c)) => c.seconds(round.drafted + 1),
                 (None, None) => 0.0,
             } / round.tokens.len() as f64;

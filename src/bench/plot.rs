@@ -7,6 +7,14 @@ const COLORS: [&str; 8] = [
     "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
 ];
 
+/// `text` with the characters XML reserves escaped (config and category names are the user's).
+fn escape(text: &str) -> String {
+    text.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+        .replace('"', "&quot;")
+}
+
 fn frame(title: &str, y_max: f64, y_label: &str) -> String {
     let mut s = format!(
         "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{W}\" height=\"{H}\" font-family=\"sans-serif\" font-size=\"12\">\
@@ -37,12 +45,13 @@ fn legend(names: &[&str]) -> String {
         .map(|(i, n)| {
             let y = M + 16.0 * i as f64;
             format!(
-                "<rect x=\"{}\" y=\"{}\" width=\"10\" height=\"10\" fill=\"{}\"/><text x=\"{}\" y=\"{}\">{n}</text>",
+                "<rect x=\"{}\" y=\"{}\" width=\"10\" height=\"10\" fill=\"{}\"/><text x=\"{}\" y=\"{}\">{}</text>",
                 W - M - 150.0,
                 y - 9.0,
                 COLORS[i % COLORS.len()],
                 W - M - 135.0,
-                y
+                y,
+                escape(n)
             )
         })
         .collect()
@@ -111,9 +120,10 @@ pub fn speedup(categories: &[String], series: &[(String, Vec<f64>)]) -> String {
     for (c, cat) in categories.iter().enumerate() {
         let x0 = M + group * c as f64 + group * 0.1;
         s += &format!(
-            "<text x=\"{}\" y=\"{}\" text-anchor=\"middle\">{cat}</text>",
+            "<text x=\"{}\" y=\"{}\" text-anchor=\"middle\">{}</text>",
             x0 + group * 0.4,
-            H - M + 16.0
+            H - M + 16.0,
+            escape(cat)
         );
         for (k, (_, v)) in series.iter().enumerate() {
             let val = v.get(c).copied().unwrap_or(0.0);
@@ -129,4 +139,16 @@ pub fn speedup(categories: &[String], series: &[(String, Vec<f64>)]) -> String {
     }
     s += &legend(&series.iter().map(|(n, _)| n.as_str()).collect::<Vec<_>>());
     s + "</svg>\n"
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_escaped() {
+        let svg = speedup(&["a<b".into()], &[("x&y".into(), vec![1.2])]);
+        assert!(svg.contains("a&lt;b") && svg.contains("x&amp;y"), "{svg}");
+        assert!(!svg.contains("a<b") && !svg.contains("x&y"));
+    }
 }

@@ -1,0 +1,316 @@
+//! Running a suite: every prompt through every config and through autoregressive decoding of
+//! the same target, interleaved, in one process.
+
+use super::measure::{measure_store_costs, ModelCost, VerifyCost};
+use super::suite::SuitePrompt;
+use super::summary::{summarize, Summary};
+use crate::config::Plan;
+use crate::draft::NodeKind;
+use crate::engine::{Engine, GenerateOptions, Generation, SourceBuckets, Stats};
+use crate::error::{Error, Result};
+use crate::model::ModelStore;
+use crate::review::ReviewCounts;
+use crate::sampling::Sampling;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+/// A config under test: its label (file stem) and validated plan.
+pub struct BenchConfig {
+    pub label: String,
+    pub plan: Plan,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct BenchOptions {
+    pub max_new_tokens: usize,
+    /// Timed passes over the suite.
+    pub repeats: usize,
+    /// Untimed passes over the first prompts before timing (warms caches and page faults).
+    pub warmup_prompts: usize,
+    /// Sampling settings for every config and the baseline instead of each config's own.
+    #[serde(default)]
+    pub sampling: Option<Sampling>,
+}
+
+/// One generation (JSON `runs[]`).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct RunRecord {
+    /// Config label; `autoregressive` for the baseline.
+    pub config: String,
+    pub category: String,
+    pub prompt: usize,
+    pub repeat: usize,
+    pub prompt_tokens: usize,
+    pub generated_tokens: usize,
+    pub prefill_seconds: f64,
+    pub decode_seconds: f64,
+    pub decode_tokens_per_second: f64,
+    /// Autoregressive decode time / this run's, same prompt and repeat.
+    pub speedup: f64,
+    pub target_calls: usize,
+    pub drafted: usize,
+    pub accepted: usize,
+    /// The target's reviews by draft position: `reviews`, `drafted_at`, `reached_at`,
+    /// `accepted_at`.
+    #[serde(flatten)]
+    pub target: ReviewCounts,
+    /// Adaptive drafting: the speedup the run-time cost model predicted.
+    #[serde(default)]
+    pub predicted_speedup: Option<f64>,
+    /// Adaptive drafting: the target's reviews of each drafter by confidence bucket.
+    #[serde(default)]
+    pub acceptance_by_confidence: Vec<SourceBuckets>,
+    /// Every review inside the drafter tree (vertical cascades), by node.
+    pub levels: Vec<LevelRecord>,
+    /// Forward passes per drafter model (by file name).
+    pub model_calls: BTreeMap<String, usize>,
+    /// Greedy runs: whether the tokens equal the autoregressive ones. `None` when sampling.
+    pub matches_autoregressive: Option<bool>,
+}
+
+/// A cascade level of one run (JSON `runs[].levels[]`): a vertical cascade's reviews of its
+/// inner drafter.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct LevelRecord {
+    /// The vertical cascade's node name (`<name>.d<i>` for K-matrix reviewers).
+    pub node: String,
+    /// Its reviewer model (file name).
+    pub model: String,
+    #[serde(flatten)]
+    pub reviews: ReviewCounts,
+    /// Adaptive inner drafts: this level's reviews by confidence bucket.
+    #[serde(default)]
+    pub acceptance_by_confidence: Vec<SourceBuckets>,
+}
+
+/// Decode speed of `run` relative to `base` (tokens per second, so that runs of different
+/// lengths compare); 0 when either generated nothing.
+pub fn speedup(base: &Stats, run: &Stats) -> f64 {
+    let (b, r) = (
+        base.decode_tokens_per_second(),
+        run.decode_tokens_per_second(),
+    );
+    if b > 0.0 && r > 0.0 {
+        r / b
+    } else {
+        0.0
+    }
+}
+
+/// Options under which a run must reproduce the target's greedy tokens.
+pub fn exact_greedy(o: &GenerateOptions) -> bool {
+    o.sampling.is_greedy() && o.lenience == 1.0
+}
+
+/// The record of one generation (speedup 1 and no greedy check until compared).
+/// One record of `g` for the report.
+pub fn record(
+    config: &str,
+    p: &SuitePrompt,
+    index: usize,
+    repeat: usize,
+    g: &Generation,
+) -> RunRecord {
+    let s = &g.stats;
+    let mut model_calls = BTreeMap::new();
+    let mut levels = Vec::new();
+    if let Some(tree) = &g.drafter {
+        tree.model_calls(&mut model_calls);
+        tree.visit(&mut |n| {
+            if let (Some(model), NodeKind::Vertical) = (&n.model, &n.kind) {
+                levels.push(LevelRecord {
+                    node: n.name.clone(),
+                    model: model.clone(),
+                    reviews: n.reviews.clone(),
+                    acceptance_by_confidence: n.acceptance_by_confidence.clone(),
+                });
+            }
+        });
+    }
+    RunRecord {
+        config: config.to_string(),
+        category: p.category.clone(),
+        prompt: index,
+        repeat,
+        prompt_tokens: s.prompt_tokens,
+        generated_tokens: s.generated_tokens,
+        prefill_seconds: s.prefill_seconds,
+        decode_seconds: s.decode_seconds,
+        decode_tokens_per_second: s.decode_tokens_per_second(),
+        speedup: 1.0,
+        target_calls: s.target_calls,
+        drafted: s.drafted,
+        accepted: s.accepted,
+        target: s.reviews.clone(),
+        predicted_speedup: s.predicted_speedup(),
+        acceptance_by_confidence: s.acceptance_by_confidence.clone(),
+        levels,
+        model_calls,
+        matches_autoregressive: None,
+    }
+}
+
+/// Runs the suite: every prompt through autoregressive decoding (the first config's target
+/// without drafter) and every config, in an order rotated per prompt so that machine drift
+/// hits all configs alike. `progress(done, total)` after each run; `stop` ends early.
+pub fn run(
+    configs: &[BenchConfig],
+    suite: &[SuitePrompt],
+    opts: &BenchOptions,
+    store: &mut ModelStore,
+    stop: &AtomicBool,
+    progress: &mut dyn FnMut(usize, usize, &str),
+) -> Result<(Vec<RunRecord>, bool)> {
+    let first = configs
+        .first()
+        .ok_or_else(|| Error::config("--configs", "no config to bench"))?;
+    // One autoregressive baseline serves every config: they must share its target.
+    if let Some(c) = configs.iter().find(|c| {
+        (&c.plan.target.path, &c.plan.target.tokenizer)
+            != (&first.plan.target.path, &first.plan.target.tokenizer)
+    }) {
+        return Err(Error::config(
+            &c.label,
+            format!(
+                "its target differs from `{}`'s; bench compares configs over one target",
+                first.label
+            ),
+        ));
+    }
+    let mut baseline_plan = first.plan.clone();
+    baseline_plan.drafter = None;
+    let mut engines: Vec<(String, Engine, GenerateOptions)> = Vec::new();
+    let mut add = |label: &str, plan: &Plan, store: &mut ModelStore| -> Result<()> {
+        let engine = plan.build_with(store, &mut |_, _, _| {})?;
+        let mut o = plan.options.clone();
+        o.max_new_tokens = opts.max_new_tokens;
+        if let Some(s) = opts.sampling {
+            o.sampling = s;
+        }
+        engines.push((label.to_string(), engine, o));
+        Ok(())
+    };
+    add("autoregressive", &baseline_plan, store)?;
+    for c in configs {
+        add(&c.label, &c.plan, store)?;
+    }
+    let prompts: Vec<Vec<u32>> = suite
+        .iter()
+        .map(|p| {
+            let t = &engines[0].1.tokenizer;
+            let text = if p.chat {
+                crate::chat::apply(t, None, &p.prompt)?
+            } else {
+                p.prompt.clone()
+            };
+            t.encode(&text)
+        })
+        .collect::<Result<_>>()?;
+    let n = engines.len();
+    let total = (opts.warmup_prompts.min(suite.len()) + suite.len() * opts.repeats) * n;
+    let mut done = 0;
+    for (i, tokens) in prompts.iter().enumerate().take(opts.warmup_prompts) {
+        for (label, e, o) in &mut engines {
+            if stop.load(Ordering::Relaxed) {
+                return Ok((Vec::new(), true));
+            }
+            e.generate(tokens, o, &mut |_| {})?;
+            done += 1;
+            progress(done, total, &format!("warm-up {label}, prompt {i}"));
+        }
+    }
+    let mut records = Vec::new();
+    for repeat in 0..opts.repeats {
+        for (i, (p, tokens)) in suite.iter().zip(&prompts).enumerate() {
+            let mut outputs: Vec<Option<Generation>> = vec![None; n];
+            for j in 0..n {
+                let slot = (i + repeat + j) % n;
+                if stop.load(Ordering::Relaxed) {
+                    return Ok((records, true));
+                }
+                let (label, e, o) = &mut engines[slot];
+                outputs[slot] = Some(e.generate(tokens, o, &mut |_| {})?);
+                done += 1;
+                progress(done, total, &format!("{label}, {} prompt {i}", p.category));
+            }
+            let base = outputs[0].take().unwrap();
+            let mut base_record = record("autoregressive", p, i, repeat, &base);
+            base_record.matches_autoregressive = Some(true);
+            records.push(base_record);
+            for (j, out) in outputs.into_iter().enumerate().skip(1) {
+                let out = out.unwrap();
+                let mut r = record(&engines[j].0, p, i, repeat, &out);
+                r.speedup = speedup(&base.stats, &out.stats);
+                if exact_greedy(&engines[0].2) && exact_greedy(&engines[j].2) {
+                    r.matches_autoregressive = Some(out.tokens == base.tokens);
+                }
+                records.push(r);
+            }
+        }
+    }
+    Ok((records, false))
+}
+
+/// `generate --compare`: each sample decoded again by the target alone (same options, same
+/// process), and the bench's figures for this one prompt.
+pub struct Comparison {
+    /// Per sample: the autoregressive run, and whether its tokens equal the sample's.
+    pub samples: Vec<(Generation, bool)>,
+    pub verify_cost: VerifyCost,
+    pub models: Vec<ModelCost>,
+    /// The bench summary of `label` over the samples.
+    pub summary: Option<Summary>,
+}
+
+/// Decodes `prompt` with the target alone for each of `samples` (generated by `engine` with
+/// `plan`, seed by seed), pairs the runs as the bench does, measures the models of `store`, and
+/// summarizes.
+pub fn compare(
+    engine: &mut Engine,
+    store: &ModelStore,
+    plan: &Plan,
+    label: &str,
+    (text, prompt): (&str, &[u32]),
+    samples: &[(u64, Generation)],
+) -> Result<Comparison> {
+    let suite_prompt = SuitePrompt {
+        category: "prompt".into(),
+        prompt: text.to_string(),
+        chat: plan.chat,
+    };
+    let mut records = Vec::new();
+    let mut pairs = Vec::new();
+    let drafter = engine.drafter.take();
+    let outcome = samples
+        .iter()
+        .enumerate()
+        .try_for_each(|(i, (seed, spec))| {
+            let opts = GenerateOptions {
+                seed: *seed,
+                ..plan.options.clone()
+            };
+            let ar = engine.generate(prompt, &opts, &mut |_| {})?;
+            let same = ar.tokens == spec.tokens;
+            let mut r = record(label, &suite_prompt, 0, i, spec);
+            r.speedup = speedup(&ar.stats, &spec.stats);
+            r.matches_autoregressive = exact_greedy(&plan.options).then_some(same);
+            records.push(r);
+            records.push(record("autoregressive", &suite_prompt, 0, i, &ar));
+            pairs.push((ar, same));
+            Ok::<(), Error>(())
+        });
+    engine.drafter = drafter;
+    outcome?;
+    let (verify_cost, models) = measure_store_costs(store, &plan.target.path)?;
+    let k_of = |l: &str| if l == label { plan.options.k } else { 0 };
+    let summary = summarize(&records, &models, &verify_cost, &k_of)
+        .into_iter()
+        .find(|s| s.config == label && s.category == "all");
+    Ok(Comparison {
+        samples: pairs,
+        verify_cost,
+        models,
+        summary,
+    })
+}

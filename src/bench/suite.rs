@@ -1,0 +1,45 @@
+//! Prompt suites: one JSON object per line.
+
+use crate::error::{Error, Result};
+use serde::{Deserialize, Serialize};
+use std::collections::HashMap;
+use std::path::Path;
+
+/// One line of a prompt suite (JSONL).
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct SuitePrompt {
+    pub category: String,
+    pub prompt: String,
+    /// Wrap the prompt in the model's chat template.
+    #[serde(default)]
+    pub chat: bool,
+}
+
+/// Reads a JSONL prompt suite; errors name the line.
+pub fn load_suite(path: &Path) -> Result<Vec<SuitePrompt>> {
+    let text = std::fs::read_to_string(path).map_err(|e| {
+        Error::config(
+            path.display().to_string(),
+            format!("cannot read prompt suite: {e}"),
+        )
+    })?;
+    text.lines()
+        .enumerate()
+        .filter(|(_, l)| !l.trim().is_empty())
+        .map(|(i, l)| {
+            serde_json::from_str(l)
+                .map_err(|e| Error::config(format!("{}:{}", path.display(), i + 1), e.to_string()))
+        })
+        .collect()
+}
+
+/// Keeps the first `n` prompts of each category.
+pub fn per_category(suite: &mut Vec<SuitePrompt>, n: usize) {
+    let mut seen = HashMap::new();
+    suite.retain(|p| {
+        let c = seen.entry(p.category.clone()).or_insert(0);
+        *c += 1;
+        *c <= n
+    });
+}

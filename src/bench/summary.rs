@@ -1,0 +1,183 @@
+//! Aggregating a bench's runs per config and category, with the papers' metrics (SWI,
+//! Theorem 3.8 / 4.1 predictions) beside the measured speedup.
+
+use super::measure::ModelCost;
+use super::run::RunRecord;
+use crate::costs::interpolate;
+use crate::engine::SourceBuckets;
+use crate::review::ReviewCounts;
+use crate::theory;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+/// Aggregates per config and category (JSON `summary[]`; category `all` for the whole suite).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Summary {
+    pub config: String,
+    pub category: String,
+    pub runs: usize,
+    pub decode_tokens_per_second: f64,
+    pub speedup_mean: f64,
+    pub speedup_sd: f64,
+    /// Mean tokens per target call, bonus included (1 for autoregressive).
+    pub tokens_per_call: f64,
+    pub mean_draft_len: f64,
+    /// Acceptance at each draft position given it was reviewed (CS Drafting's a_i).
+    pub acceptance_by_position: Vec<f64>,
+    /// The same for each cascade level inside the drafter tree, by node name.
+    pub acceptance_by_level: BTreeMap<String, Vec<f64>>,
+    /// Standardized walltime improvement, costs by parameter count and by measured time.
+    pub swi_params: f64,
+    pub swi_measured: f64,
+    /// Theorem 4.1 with the measured a_i and drafter costs, verify counted as one call.
+    pub predicted_paper: f64,
+    /// The same with the verify forward's measured cost r(k + 1).
+    pub predicted_cpu: f64,
+    /// Adaptive drafting: the speedup the run-time cost model predicted (mean over runs).
+    #[serde(default)]
+    pub predicted_runtime: Option<f64>,
+    /// Adaptive drafting: the target's reviews of each drafter by confidence bucket.
+    #[serde(default)]
+    pub acceptance_by_confidence: Vec<SourceBuckets>,
+    pub greedy_mismatches: usize,
+}
+
+fn mean(v: impl Iterator<Item = f64>) -> (f64, f64) {
+    let v: Vec<f64> = v.collect();
+    let n = v.len().max(1) as f64;
+    let m = v.iter().sum::<f64>() / n;
+    let var = v.iter().map(|x| (x - m).powi(2)).sum::<f64>() / (n - 1.0).max(1.0);
+    (m, var.sqrt())
+}
+
+/// Aggregates runs per (config, category) and per config over the whole suite.
+pub fn summarize(
+    records: &[RunRecord],
+    models: &[ModelCost],
+    verify: &[(usize, f64)],
+    k_of: &dyn Fn(&str) -> usize,
+) -> Vec<Summary> {
+    let mut keys: Vec<(String, String)> = Vec::new();
+    for r in records {
+        for cat in [r.category.clone(), "all".to_string()] {
+            let key = (r.config.clone(), cat);
+            if !keys.contains(&key) {
+                keys.push(key);
+            }
+        }
+    }
+    let cost = |m: &str| models.iter().find(|c| c.model == m);
+    keys.into_iter()
+        .map(|(config, category)| {
+            let rs: Vec<&RunRecord> = records
+                .iter()
+                .filter(|r| r.config == config && (category == "all" || r.category == category))
+                .collect();
+            let tokens: usize = rs.iter().map(|r| r.generated_tokens).sum();
+            let calls: usize = rs.iter().map(|r| r.target_calls).sum();
+            let seconds: f64 = rs.iter().map(|r| r.decode_seconds).sum();
+            let (speedup_mean, speedup_sd) = mean(rs.iter().map(|r| r.speedup));
+            let mut target = ReviewCounts::default();
+            let mut levels: BTreeMap<String, ReviewCounts> = BTreeMap::new();
+            for r in &rs {
+                target.add(&r.target);
+                for l in &r.levels {
+                    levels.entry(l.node.clone()).or_default().add(&l.reviews);
+                }
+            }
+            let mut model_calls: BTreeMap<&str, usize> = BTreeMap::new();
+            for r in &rs {
+                for (m, c) in &r.model_calls {
+                    *model_calls.entry(m).or_default() += c;
+                }
+            }
+            let weighted = |f: &dyn Fn(&ModelCost) -> f64| -> Vec<(usize, f64)> {
+                model_calls
+                    .iter()
+                    .map(|(m, &c)| (c, cost(m).map_or(0.0, f)))
+                    .collect()
+            };
+            let swi_params = theory::swi(tokens, calls, &weighted(&|c| c.c_params));
+            let swi_measured = theory::swi(tokens, calls, &weighted(&|c| c.c_measured));
+            // Drafter cost per target call in target-call units, and the expected tokens per
+            // call from the measured acceptance over the configured draft length.
+            let drafter_cost: f64 = weighted(&|c| c.c_measured)
+                .iter()
+                .map(|(n, c)| *n as f64 * c)
+                .sum::<f64>()
+                / calls.max(1) as f64;
+            let k = if config == "autoregressive" {
+                0
+            } else {
+                k_of(&config)
+            };
+            let mut accept = target.chain_acceptance();
+            accept.resize(k, 0.0);
+            let expected = theory::position_dependent_tokens(&accept);
+            let mean_draft_len = target.mean_draft_len();
+            Summary {
+                runs: rs.len(),
+                decode_tokens_per_second: tokens as f64 / seconds.max(1e-9),
+                speedup_mean,
+                speedup_sd,
+                tokens_per_call: tokens as f64 / calls.max(1) as f64,
+                mean_draft_len,
+                acceptance_by_position: target.acceptance_by_position(),
+                acceptance_by_level: levels
+                    .iter()
+                    .map(|(n, c)| (n.clone(), c.acceptance_by_position()))
+                    .collect(),
+                swi_params,
+                swi_measured,
+                predicted_paper: expected / (1.0 + drafter_cost),
+                predicted_cpu: expected
+                    / (interpolate(verify, mean_draft_len + 1.0) + drafter_cost),
+                predicted_runtime: {
+                    let p: Vec<f64> = rs.iter().filter_map(|r| r.predicted_speedup).collect();
+                    (!p.is_empty()).then(|| p.iter().sum::<f64>() / p.len() as f64)
+                },
+                acceptance_by_confidence: merge_buckets(
+                    rs.iter().map(|r| &r.acceptance_by_confidence),
+                ),
+                greedy_mismatches: rs
+                    .iter()
+                    .filter(|r| r.matches_autoregressive == Some(false))
+                    .count(),
+                config,
+                category,
+            }
+        })
+        .collect()
+}
+
+/// Adds up per-drafter bucket counts.
+fn merge_buckets<'a>(runs: impl Iterator<Item = &'a Vec<SourceBuckets>>) -> Vec<SourceBuckets> {
+    let mut out: Vec<SourceBuckets> = Vec::new();
+    for r in runs.flatten() {
+        let entry = match out.iter_mut().find(|s| s.drafter == r.drafter) {
+            Some(e) => e,
+            None => {
+                out.push(SourceBuckets {
+                    drafter: r.drafter.clone(),
+                    buckets: Vec::new(),
+                });
+                out.last_mut().expect("just pushed")
+            }
+        };
+        for b in &r.buckets {
+            match entry.buckets.iter_mut().find(|x| x.up_to == b.up_to) {
+                Some(x) => {
+                    x.reviewed += b.reviewed;
+                    x.accepted += b.accepted;
+                }
+                None => entry.buckets.push(b.clone()),
+            }
+        }
+        entry.buckets.sort_by(|a, b| {
+            a.up_to
+                .unwrap_or(f32::INFINITY)
+                .total_cmp(&b.up_to.unwrap_or(f32::INFINITY))
+        });
+    }
+    out
+}

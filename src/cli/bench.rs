@@ -1,0 +1,292 @@
+//! `cascade bench`, `cascade plan` and `cascade calibrate`.
+
+use super::generate::SamplingArgs;
+use super::{bar, label, load_plan};
+use anyhow::{bail, Context, Result};
+use cascade::bench::{self, BenchConfig, BenchOptions, Report};
+use cascade::config::RawConfig;
+use cascade::model::ModelStore;
+use cascade::sampling::Sampling;
+use clap::Args;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+#[derive(Args)]
+pub struct BenchArgs {
+    /// Configs to compare (the first one's target also runs alone as the autoregressive baseline).
+    #[arg(short, long, num_args = 1.., required = true)]
+    configs: Vec<PathBuf>,
+    /// Prompt suite (JSONL: category, prompt, chat).
+    #[arg(short, long, default_value = "prompts/suite.jsonl")]
+    prompts: PathBuf,
+    /// Tokens generated per prompt.
+    #[arg(short = 'n', long, default_value_t = 128)]
+    max_new_tokens: usize,
+    /// Timed passes over the suite.
+    #[arg(long, default_value_t = 1)]
+    repeats: usize,
+    /// Prompts run untimed first.
+    #[arg(long, default_value_t = 2)]
+    warmup: usize,
+    /// Use only the first N prompts of each category.
+    #[arg(long)]
+    per_category: Option<usize>,
+    /// Sampling settings for every config and the baseline (default: each config's own).
+    #[command(flatten)]
+    sampling: SamplingArgs,
+    /// Report folder (report.json, report.md, acceptance.svg, speedup.svg).
+    #[arg(short, long, default_value = "reports/latest")]
+    out: PathBuf,
+}
+
+#[derive(Args)]
+pub struct PlanArgs {
+    /// A report.json written by `cascade bench`. Without it, `plan` first runs a short
+    /// calibration bench of the config (--prompts, --per-category, -n, --out).
+    #[arg(short, long)]
+    report: Option<PathBuf>,
+    /// The config to plan for (its label in the report is the file stem).
+    #[arg(short, long)]
+    config: PathBuf,
+    /// Largest K considered.
+    #[arg(long, default_value_t = 16)]
+    max_k: usize,
+    /// Write the config with the best K here (comments are not kept).
+    #[arg(long)]
+    write: Option<PathBuf>,
+    /// Calibration: the prompt suite.
+    #[arg(long, default_value = "prompts/suite.jsonl", conflicts_with = "report")]
+    prompts: PathBuf,
+    /// Calibration: prompts per category.
+    #[arg(long, default_value_t = 2, conflicts_with = "report")]
+    per_category: usize,
+    /// Calibration: tokens generated per prompt.
+    #[arg(short = 'n', long, default_value_t = 48, conflicts_with = "report")]
+    max_new_tokens: usize,
+    /// Calibration: where its bench report goes (plan again from it with -r).
+    #[arg(long, default_value = "reports/calibration", conflicts_with = "report")]
+    out: PathBuf,
+}
+
+#[derive(Args)]
+pub struct CalibrateArgs {
+    /// Configs whose models to measure.
+    #[arg(short, long, num_args = 1.., default_value = "configs/adaptive.toml")]
+    configs: Vec<PathBuf>,
+    /// The cost cache (default: $CASCADE_COSTS, else ~/.cache/cascade/costs.json).
+    #[arg(long)]
+    cache: Option<PathBuf>,
+}
+
+pub fn bench_command(args: BenchArgs) -> Result<Report> {
+    let mut suite = bench::load_suite(&args.prompts)?;
+    if let Some(n) = args.per_category {
+        bench::per_category(&mut suite, n);
+    }
+    if args.max_new_tokens == 0 || args.repeats == 0 {
+        bail!("-n/--max-new-tokens and --repeats must be >= 1");
+    }
+    if suite.is_empty() {
+        bail!("{}: the prompt suite is empty", args.prompts.display());
+    }
+    let configs = args
+        .configs
+        .iter()
+        .map(|path| {
+            let plan = load_plan(path, &RawConfig::load(path)?)?;
+            Ok(BenchConfig {
+                label: label(path),
+                plan,
+            })
+        })
+        .collect::<Result<Vec<_>>>()?;
+    for (i, c) in configs.iter().enumerate() {
+        if c.label == "autoregressive" || configs[..i].iter().any(|d| d.label == c.label) {
+            bail!(
+                "config label `{}` is taken (labels are file names without .toml; `autoregressive` is the baseline's): rename the file",
+                c.label
+            );
+        }
+    }
+    let sampling = args
+        .sampling
+        .given()
+        .then(|| args.sampling.over(Sampling::greedy()));
+    if let Some(s) = sampling {
+        s.validate()?;
+    }
+    let opts = BenchOptions {
+        max_new_tokens: args.max_new_tokens,
+        repeats: args.repeats,
+        warmup_prompts: args.warmup,
+        sampling,
+    };
+    let stop = Arc::new(AtomicBool::new(false));
+    let flag = stop.clone();
+    ctrlc::set_handler(move || {
+        eprintln!("\ncascade: interrupted, finishing the current run and writing the report");
+        flag.store(true, Ordering::Relaxed);
+    })?;
+    let mut store = ModelStore::default();
+    eprintln!(
+        "loading {} configs and measuring model costs",
+        configs.len()
+    );
+    let bar = bar("[{elapsed_precise}] [{bar:30}] {pos}/{len} {msg}");
+    let (records, interrupted) = bench::run(
+        &configs,
+        &suite,
+        &opts,
+        &mut store,
+        &stop,
+        &mut |done, total, what| {
+            bar.set_length(total as u64);
+            bar.set_position(done as u64);
+            bar.set_message(what.to_string());
+        },
+    )?;
+    bar.finish_and_clear();
+    let (verify_cost, models) = bench::measure_store_costs(&store, &configs[0].plan.target.path)?;
+    let k_of = |label: &str| {
+        configs
+            .iter()
+            .find(|c| c.label == label)
+            .map_or(0, |c| c.plan.options.k)
+    };
+    let summary = bench::summarize(&records, &models, &verify_cost, &k_of);
+    let report = Report {
+        date: bench::utc_now(),
+        threads: candle_core::utils::get_num_threads(),
+        command: std::env::args().collect::<Vec<_>>().join(" "),
+        options: opts,
+        verify_cost,
+        models,
+        runs: records,
+        summary,
+        interrupted,
+    };
+    let table = report.write(&args.out)?;
+    println!(
+        "{table}\n{}\nreport: {}",
+        report.costs_line(),
+        args.out.display()
+    );
+    if report.greedy_mismatches() > 0 {
+        bail!(
+            "{} greedy run(s) differ from autoregressive decoding: this is a bug",
+            report.greedy_mismatches()
+        );
+    }
+    if interrupted {
+        eprintln!("cascade: interrupted: the report holds the runs finished before Ctrl-C");
+    }
+    Ok(report)
+}
+
+pub fn plan(args: PlanArgs) -> Result<()> {
+    use cascade::planner;
+    if args.max_k == 0 {
+        bail!("--max-k must be >= 1");
+    }
+    let (report, from) = match &args.report {
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("cannot read {}", path.display()))?;
+            let report: Report = serde_json::from_str(&text).with_context(|| {
+                format!(
+                    "{} is not a report of this version of `cascade bench`",
+                    path.display()
+                )
+            })?;
+            (report, path.clone())
+        }
+        None => {
+            eprintln!("no report given: calibrating with a short bench run");
+            let report = bench_command(BenchArgs {
+                configs: vec![args.config.clone()],
+                prompts: args.prompts.clone(),
+                max_new_tokens: args.max_new_tokens,
+                repeats: 1,
+                warmup: 1,
+                per_category: Some(args.per_category),
+                sampling: SamplingArgs {
+                    temperature: None,
+                    top_k: None,
+                    top_p: None,
+                },
+                out: args.out.clone(),
+            })?;
+            (report, args.out.join("report.json"))
+        }
+    };
+    let raw = RawConfig::load(&args.config)?;
+    let config = load_plan(&args.config, &raw)?;
+    let name = label(&args.config);
+    let measured = planner::Measured::new(&report, &name)?;
+    let levels = planner::plan_levels(&measured, &config, args.max_k)?;
+    println!("config {name}, planned from {}:", from.display());
+    for l in &levels {
+        println!("\n{l}");
+    }
+    if let Some(out) = args.write {
+        let mut doc: toml::Value = toml::from_str(&std::fs::read_to_string(&args.config)?)?;
+        planner::write_best(&raw, &mut doc, &levels)?;
+        let base = args.config.parent().map(PathBuf::from).unwrap_or_default();
+        planner::absolute_paths(&mut doc, &base);
+        std::fs::write(&out, toml::to_string(&doc)?)?;
+        println!("wrote {}", out.display());
+    }
+    Ok(())
+}
+
+pub fn calibrate(args: CalibrateArgs) -> Result<()> {
+    use cascade::costs::CostCache;
+    let mut store = ModelStore::default();
+    let mut models = Vec::new();
+    for path in &args.configs {
+        let plan = load_plan(path, &RawConfig::load(path)?)?;
+        for m in plan.models() {
+            let bar = bar("{msg:>50} [{bar:30}] {pos}/{len}");
+            let label = cascade::config::file_label(&m.path);
+            let loaded = store.load(&m.path, m.tokenizer.as_deref(), &mut |d, t| {
+                bar.set_message(format!("loading {label}"));
+                bar.set_length(t as u64);
+                bar.set_position(d as u64);
+            })?;
+            bar.finish_and_clear();
+            if !models
+                .iter()
+                .any(|x: &Arc<cascade::model::LoadedModel>| x.path == loaded.path)
+            {
+                models.push(loaded);
+            }
+        }
+    }
+    let path = args.cache.unwrap_or_else(CostCache::default_path);
+    let mut cache = CostCache::open(&path)?;
+    let refs: Vec<&cascade::model::LoadedModel> = models.iter().map(|m| m.as_ref()).collect();
+    let costs = cache.costs(&refs, true, &mut |names| {
+        eprintln!("measuring {}", names.join(", "))
+    })?;
+    println!("| model | decode ms | r(2) | r(4) | r(8) | r(16) | ms per 100 tokens of context |\n|---|---|---|---|---|---|---|");
+    for (m, c) in models.iter().zip(&costs) {
+        println!(
+            "| {} | {:.1} | {:.2} | {:.2} | {:.2} | {:.2} | {:.1} |",
+            cascade::config::file_label(&m.path),
+            c.decode_seconds * 1e3,
+            c.ratio(2.0),
+            c.ratio(4.0),
+            c.ratio(8.0),
+            c.ratio(16.0),
+            (c.seconds_at(1, cascade::costs::CONTEXT + 100) - c.seconds(1)) * 1e3
+        );
+    }
+    println!(
+        "{}: {} ({} threads)",
+        path.display(),
+        cascade::costs::cpu_name(),
+        candle_core::utils::get_num_threads()
+    );
+    Ok(())
+}

@@ -1,0 +1,321 @@
+//! `cascade generate`: streamed text, a summary line, `--json`, `--compare`.
+
+use super::{build, label, load_plan};
+use anyhow::{bail, Context, Result};
+use cascade::bench;
+use cascade::config::{Plan, RawConfig};
+use cascade::engine::Generation;
+use cascade::model::ModelStore;
+use cascade::sampling::Sampling;
+use clap::Args;
+use serde::Serialize;
+use std::io::{IsTerminal, Read, Write};
+use std::path::{Path, PathBuf};
+
+#[derive(Args)]
+pub struct GenerateArgs {
+    /// TOML config naming the target, the drafter and the settings.
+    #[arg(short, long, default_value = "configs/adaptive.toml")]
+    config: PathBuf,
+    /// The prompt text (else --prompt-file, else standard input).
+    #[arg(short, long, conflicts_with = "prompt_file")]
+    prompt: Option<String>,
+    /// Read the prompt from this file.
+    #[arg(long)]
+    prompt_file: Option<PathBuf>,
+    /// Maximum number of tokens to generate.
+    #[arg(short = 'n', long)]
+    max_new_tokens: Option<usize>,
+    #[command(flatten)]
+    sampling: SamplingArgs,
+    /// Random seed; sample i of --num-samples uses seed + i.
+    #[arg(short, long)]
+    seed: Option<u64>,
+    /// Tokens drafted per target call (an upper bound with adaptive drafting).
+    #[arg(short, long)]
+    k: Option<usize>,
+    /// Decode autoregressively, ignoring the config's drafter.
+    #[arg(long)]
+    no_draft: bool,
+    /// Wrap the prompt in the model's chat template.
+    #[arg(long, overrides_with = "no_chat")]
+    chat: bool,
+    /// Use the prompt as raw text even if the config enables the chat template.
+    #[arg(long)]
+    no_chat: bool,
+    /// System message for the chat template.
+    #[arg(long)]
+    system: Option<String>,
+    /// Stop when this text appears (repeatable); the output ends before it.
+    #[arg(long)]
+    stop: Vec<String>,
+    /// Print one JSON document (ids, text, counters) instead of streaming text.
+    #[arg(long)]
+    json: bool,
+    /// Number of independent samples (seeds seed..seed+N-1).
+    #[arg(long, default_value_t = 1)]
+    num_samples: usize,
+    /// Then decode each sample again with the target alone (same options, same process) and
+    /// report the wall-clock speedup over autoregressive decoding.
+    #[arg(long)]
+    compare: bool,
+}
+
+#[derive(Args)]
+pub struct SamplingArgs {
+    /// Sampling temperature (0 = greedy).
+    #[arg(short, long, allow_negative_numbers = true)]
+    pub temperature: Option<f32>,
+    /// Keep only the k most likely tokens (0 = off).
+    #[arg(long)]
+    pub top_k: Option<usize>,
+    /// Keep the most likely tokens up to this probability mass (1 = off).
+    #[arg(long, allow_negative_numbers = true)]
+    pub top_p: Option<f32>,
+}
+
+impl SamplingArgs {
+    /// `base` with the settings given on the command line.
+    pub fn over(&self, base: Sampling) -> Sampling {
+        Sampling {
+            temperature: self.temperature.unwrap_or(base.temperature),
+            top_k: self.top_k.unwrap_or(base.top_k),
+            top_p: self.top_p.unwrap_or(base.top_p),
+        }
+    }
+
+    /// Whether any setting was given.
+    pub fn given(&self) -> bool {
+        self.temperature.is_some() || self.top_k.is_some() || self.top_p.is_some()
+    }
+}
+
+pub fn generate(args: GenerateArgs) -> Result<()> {
+    let mut raw = RawConfig::load(&args.config)?;
+    raw.sampling = args.sampling.over(raw.sampling);
+    let g = &mut raw.generation;
+    g.max_new_tokens = args.max_new_tokens.unwrap_or(g.max_new_tokens);
+    g.seed = args.seed.unwrap_or(g.seed);
+    g.stop.extend(args.stop.iter().cloned());
+    g.chat = (g.chat || args.chat) && !args.no_chat;
+    g.system = args.system.clone().or(g.system.take());
+    raw.target.k = args.k.unwrap_or(raw.target.k);
+    if args.no_draft {
+        raw.target.drafter = None;
+    }
+    if args.num_samples == 0 {
+        bail!("--num-samples must be >= 1");
+    }
+    let plan = load_plan(&args.config, &raw)?;
+    if plan.options.lenience != 1.0 {
+        eprintln!(
+            "cascade: warning: lenience {} at the target: the output is no longer exactly the target's",
+            plan.options.lenience
+        );
+    }
+    let prompt_text = read_prompt(&args)?;
+    let mut store = ModelStore::default();
+    let mut engine = build(&plan, &mut store)?;
+    let text = if plan.chat {
+        cascade::chat::apply(&engine.tokenizer, plan.system.as_deref(), &prompt_text)?
+    } else {
+        prompt_text
+    };
+    let prompt = engine.tokenizer.encode(&text)?;
+    let mut samples: Vec<(u64, Generation)> = Vec::new();
+    for i in 0..args.num_samples as u64 {
+        let mut opts = plan.options.clone();
+        opts.seed += i;
+        let mut stdout = std::io::stdout().lock();
+        let out = engine.generate(&prompt, &opts, &mut |piece| {
+            if !args.json {
+                let _ = stdout.write_all(piece.as_bytes());
+                let _ = stdout.flush();
+            }
+        })?;
+        if !args.json {
+            println!();
+            eprintln!("[seed {}: {}]", opts.seed, summary_line(&out));
+        }
+        samples.push((opts.seed, out));
+    }
+    let comparison = if args.compare {
+        let c = bench::compare(
+            &mut engine,
+            &store,
+            &plan,
+            &label(&args.config),
+            (&text, &prompt),
+            &samples,
+        )?;
+        if !args.json {
+            print_comparison(&samples, &c);
+        }
+        Some(c)
+    } else {
+        None
+    };
+    if let Some(table) = cascade::profile_report() {
+        eprintln!("forward time by section (CASCADE_PROFILE=1):\n{table}");
+    }
+    if args.json {
+        let doc = GenerateDoc::new(&args.config, &plan, &prompt, &samples, comparison.as_ref());
+        println!("{}", serde_json::to_string_pretty(&doc)?);
+    }
+    Ok(())
+}
+
+/// One line on a generation: tokens, speed (and the cost model's prediction), drafting.
+fn summary_line(out: &Generation) -> String {
+    let st = &out.stats;
+    let predicted = match st.predicted_speedup() {
+        Some(_) => format!(" (cost model: {:.2})", st.predicted_tokens_per_second()),
+        None => String::new(),
+    };
+    format!(
+        "{} tokens ({:?}), {:.2} tokens/s{predicted}, {:.2} tokens per target call, {}/{} drafted accepted, prefill {:.2}s",
+        st.generated_tokens,
+        out.finish_reason,
+        st.decode_tokens_per_second(),
+        st.tokens_per_call(),
+        st.accepted,
+        st.drafted,
+        st.prefill_seconds
+    )
+}
+
+fn print_comparison(samples: &[(u64, Generation)], c: &bench::Comparison) {
+    for ((seed, spec), (ar, same)) in samples.iter().zip(&c.samples) {
+        let predicted = spec.stats.predicted_speedup().map_or(String::new(), |p| {
+            format!(", predicted {p:.2}x by the run-time cost model")
+        });
+        eprintln!(
+            "[seed {seed}: autoregressive {:.2} tokens/s, speedup {:.2}x{predicted}, same tokens: {same}]",
+            ar.stats.decode_tokens_per_second(),
+            bench::speedup(&ar.stats, &spec.stats),
+        );
+    }
+    if let Some(s) = &c.summary {
+        let costs: Vec<String> = c
+            .models
+            .iter()
+            .map(|m| format!("{} {:.2}", m.model, m.c_measured))
+            .collect();
+        eprintln!(
+            "[SWI {:.2} (params) / {:.2} (measured c); predicted {:.2}x (verify = 1 call) / {:.2}x (measured r(k)); c: {}]",
+            s.swi_params,
+            s.swi_measured,
+            s.predicted_paper,
+            s.predicted_cpu,
+            costs.join(", ")
+        );
+    }
+}
+
+/// `generate --json`.
+#[derive(Serialize)]
+struct GenerateDoc<'a> {
+    config: &'a Path,
+    drafter: Option<&'a str>,
+    k: usize,
+    sampling: Sampling,
+    prompt_tokens: &'a [u32],
+    /// With `--compare`: the models' costs and the bench's summary for this prompt.
+    compare: Option<CompareDoc<'a>>,
+    samples: Vec<SampleDoc<'a>>,
+}
+
+#[derive(Serialize)]
+struct CompareDoc<'a> {
+    models: &'a [bench::ModelCost],
+    verify_cost: &'a [(usize, f64)],
+    summary: Option<&'a bench::Summary>,
+}
+
+#[derive(Serialize)]
+struct SampleDoc<'a> {
+    seed: u64,
+    #[serde(flatten)]
+    generation: &'a Generation,
+    rates: Rates,
+    compare: Option<SampleCompare>,
+}
+
+/// Figures derived from a generation's counters.
+#[derive(Serialize)]
+struct Rates {
+    tokens_per_call: f64,
+    decode_tokens_per_second: f64,
+    acceptance_by_position: Vec<f64>,
+    predicted_speedup: Option<f64>,
+}
+
+#[derive(Serialize)]
+struct SampleCompare {
+    autoregressive_tokens_per_second: f64,
+    speedup: f64,
+    same_tokens: bool,
+}
+
+impl<'a> GenerateDoc<'a> {
+    fn new(
+        config: &'a Path,
+        plan: &'a Plan,
+        prompt: &'a [u32],
+        samples: &'a [(u64, Generation)],
+        comparison: Option<&'a bench::Comparison>,
+    ) -> Self {
+        let samples = samples
+            .iter()
+            .enumerate()
+            .map(|(i, (seed, g))| SampleDoc {
+                seed: *seed,
+                generation: g,
+                rates: Rates {
+                    tokens_per_call: g.stats.tokens_per_call(),
+                    decode_tokens_per_second: g.stats.decode_tokens_per_second(),
+                    acceptance_by_position: g.stats.acceptance_by_position(),
+                    predicted_speedup: g.stats.predicted_speedup(),
+                },
+                compare: comparison.and_then(|c| c.samples.get(i)).map(|(ar, same)| {
+                    SampleCompare {
+                        autoregressive_tokens_per_second: ar.stats.decode_tokens_per_second(),
+                        speedup: bench::speedup(&ar.stats, &g.stats),
+                        same_tokens: *same,
+                    }
+                }),
+            })
+            .collect();
+        Self {
+            config,
+            drafter: plan.drafter.as_ref().map(|d| d.name.as_str()),
+            k: plan.options.k,
+            sampling: plan.options.sampling,
+            prompt_tokens: prompt,
+            compare: comparison.map(|c| CompareDoc {
+                models: &c.models,
+                verify_cost: &c.verify_cost,
+                summary: c.summary.as_ref(),
+            }),
+            samples,
+        }
+    }
+}
+
+fn read_prompt(args: &GenerateArgs) -> Result<String> {
+    if let Some(p) = &args.prompt {
+        return Ok(p.clone());
+    }
+    if let Some(f) = &args.prompt_file {
+        return std::fs::read_to_string(f)
+            .with_context(|| format!("cannot read prompt file {}", f.display()));
+    }
+    if std::io::stdin().is_terminal() {
+        bail!("no prompt: give --prompt, --prompt-file, or pipe text to standard input");
+    }
+    let mut s = String::new();
+    std::io::stdin()
+        .read_to_string(&mut s)
+        .context("cannot read the prompt from standard input")?;
+    Ok(s)
+}

@@ -1,0 +1,68 @@
+//! `cascade ngram build`.
+
+use super::bar;
+use anyhow::{bail, Result};
+use clap::{Args, Subcommand};
+use std::path::PathBuf;
+
+#[derive(Subcommand)]
+pub enum NgramCommand {
+    /// Build a bigram table from a corpus of text or code files.
+    Build(BuildArgs),
+}
+
+#[derive(Args)]
+pub struct BuildArgs {
+    /// Tokenizer: a GGUF model (its embedded tokenizer) or a tokenizer.json.
+    #[arg(long)]
+    tokenizer: PathBuf,
+    /// Where to write the table.
+    #[arg(short, long)]
+    out: PathBuf,
+    /// Successors kept per token.
+    #[arg(long, default_value_t = 8)]
+    top: usize,
+    /// Only files with these extensions (comma-separated; default: all files).
+    #[arg(long, value_delimiter = ',')]
+    ext: Vec<String>,
+    /// Skip files under folders with these names (repeatable), e.g. site-packages.
+    #[arg(long)]
+    exclude: Vec<String>,
+    /// Corpus files or folders (searched recursively).
+    #[arg(required = true)]
+    corpus: Vec<PathBuf>,
+}
+
+pub fn ngram_build(args: BuildArgs) -> Result<()> {
+    use cascade::ngram::{build_table, corpus_files};
+    if args.top == 0 {
+        bail!("--top must be >= 1");
+    }
+    let start = std::time::Instant::now();
+    let tokenizer = cascade::tokenizer::Tokenizer::from_file(&args.tokenizer)?;
+    let files = corpus_files(&args.corpus, &args.ext, &args.exclude)?;
+    if files.is_empty() {
+        bail!("no corpus files found under {:?}", args.corpus);
+    }
+    let bytes: u64 = files
+        .iter()
+        .filter_map(|f| f.metadata().ok())
+        .map(|m| m.len())
+        .sum();
+    let bar = bar("tokenizing [{bar:30}] {bytes}/{total_bytes} ({eta} left)");
+    bar.set_length(bytes);
+    let (table, read) = build_table(&files, &tokenizer, args.top, &mut |b| bar.inc(b))?;
+    bar.finish_and_clear();
+    table.save(&args.out)?;
+    eprintln!(
+        "{}: {} files ({} skipped as non-UTF-8), {} tokens, {} table entries, {} bytes, {:.1}s",
+        args.out.display(),
+        read.files,
+        read.skipped,
+        read.tokens,
+        table.entries(),
+        std::fs::metadata(&args.out)?.len(),
+        start.elapsed().as_secs_f64()
+    );
+    Ok(())
+}

@@ -1,0 +1,213 @@
+//! From a validated [`Plan`] to an [`Engine`]: models loaded once per file, tables once per
+//! path, costs measured once per machine where drafts are sized adaptively.
+
+use super::validate::{DrafterNode, DrafterPlan, ModelPlan, Plan};
+use super::{PluginContext, Registry};
+use crate::costs::{CostCache, ForwardCost};
+use crate::drafter::{
+    AdaptiveCascade, BigramDrafter, Drafter, HorizontalCascade, MaxGramDrafter, NeuralDrafter,
+    VerticalCascade,
+};
+use crate::engine::Engine;
+use crate::error::{Error, Result};
+use crate::model::{LoadedModel, ModelStore};
+use crate::ngram::BigramTable;
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+impl Plan {
+    /// Loads the models (each file once) and assembles the engine. `progress(what, done, total)`
+    /// reports loading.
+    pub fn build(&self, progress: &mut dyn FnMut(&str, usize, usize)) -> Result<Engine> {
+        self.build_with(&mut ModelStore::default(), progress)
+    }
+
+    /// [`Plan::build`] with model files shared through `store` (several plans in one process).
+    pub fn build_with(
+        &self,
+        store: &mut ModelStore,
+        progress: &mut dyn FnMut(&str, usize, usize),
+    ) -> Result<Engine> {
+        let mut b = Builder {
+            registry: &self.registry,
+            store,
+            tables: HashMap::new(),
+            progress,
+            context: self.context,
+            costs: None,
+            adaptive: self.adaptive || self.drafter.as_ref().is_some_and(DrafterNode::has_adaptive),
+        };
+        let target = b.model(&self.target)?;
+        let drafter = match &self.drafter {
+            None => None,
+            Some(node) => Some(b.drafter(node, &target)?),
+        };
+        let name = file_label(&self.target.path);
+        let engine = Engine::new(
+            Box::new(target.instance(&name, self.context)),
+            drafter,
+            target.tokenizer.clone(),
+        );
+        Ok(if self.adaptive {
+            engine.with_adaptive(b.cost(&target)?)
+        } else {
+            engine
+        })
+    }
+}
+
+/// A model's file name, which names its instances (in messages and per-model counters).
+pub fn file_label(path: &Path) -> String {
+    path.file_name()
+        .map_or_else(String::new, |n| n.to_string_lossy().into_owned())
+}
+
+/// Loads what a plan names, sharing model files and tables between the nodes that use them.
+struct Builder<'a> {
+    registry: &'a Registry,
+    store: &'a mut ModelStore,
+    tables: HashMap<PathBuf, Arc<BigramTable>>,
+    progress: &'a mut dyn FnMut(&str, usize, usize),
+    context: Option<usize>,
+    /// Opened when an adaptive node needs a measured cost.
+    costs: Option<CostCache>,
+    /// Some review in the tree is adaptive: drafters get their measured costs.
+    adaptive: bool,
+}
+
+impl Builder<'_> {
+    fn model(&mut self, m: &ModelPlan) -> Result<Arc<LoadedModel>> {
+        let what = format!("loading {}", file_label(&m.path));
+        let progress = &mut *self.progress;
+        self.store
+            .load(&m.path, m.tokenizer.as_deref(), &mut |d, t| {
+                progress(&what, d, t)
+            })
+    }
+
+    /// The measured forward cost of `model` on this machine (measured now if not cached).
+    fn cost(&mut self, model: &LoadedModel) -> Result<ForwardCost> {
+        if self.costs.is_none() {
+            self.costs = Some(CostCache::open(&CostCache::default_path())?);
+        }
+        let cache = self.costs.as_mut().expect("opened above");
+        let progress = &mut *self.progress;
+        let cost = cache.costs(&[model], false, &mut |names| {
+            progress(
+                &format!("measuring {} (once per machine)", names.join(", ")),
+                0,
+                1,
+            )
+        })?;
+        Ok(cost.into_iter().next().expect("one model asked"))
+    }
+
+    fn table(&mut self, path: &Path, target: &LoadedModel) -> Result<Arc<BigramTable>> {
+        if let Some(t) = self.tables.get(path) {
+            return Ok(t.clone());
+        }
+        let table = Arc::new(BigramTable::load(path)?);
+        table.check_tokenizer(&target.tokenizer, path)?;
+        self.tables.insert(path.to_path_buf(), table.clone());
+        Ok(table)
+    }
+
+    /// The drafter for `node` over `target` (whose vocabulary every model must share).
+    fn drafter(&mut self, node: &DrafterNode, target: &LoadedModel) -> Result<Box<dyn Drafter>> {
+        let name = node.name.as_str();
+        Ok(match &node.kind {
+            DrafterPlan::Model(m) => {
+                let model = self.model(m)?;
+                check_vocab(target, "target", &model, name)?;
+                let instance = model.instance(&file_label(&m.path), self.context);
+                let drafter = NeuralDrafter::new(name, Box::new(instance));
+                Box::new(if self.adaptive {
+                    drafter.with_cost(&self.cost(&model)?)
+                } else {
+                    drafter
+                })
+            }
+            DrafterPlan::Bigram { table, sample } => Box::new(BigramDrafter::new(
+                name,
+                self.table(table, target)?,
+                *sample,
+            )),
+            DrafterPlan::MaxGram { table, policy } => {
+                let table = table
+                    .as_deref()
+                    .map(|t| self.table(t, target))
+                    .transpose()?;
+                Box::new(MaxGramDrafter::new(name, *policy, table))
+            }
+            DrafterPlan::Vertical {
+                reviewer,
+                inner,
+                k,
+                lenience,
+                adaptive,
+            } => {
+                let model = self.model(reviewer)?;
+                check_vocab(target, "target", &model, name)?;
+                let inner = self.drafter(inner, target)?;
+                let instance = model.instance(&file_label(&reviewer.path), self.context);
+                let cascade = VerticalCascade::new(name, Box::new(instance), inner, *k, *lenience);
+                Box::new(match (adaptive, self.adaptive) {
+                    (true, _) => cascade.with_adaptive(self.cost(&model)?),
+                    (false, true) => cascade.with_cost(self.cost(&model)?),
+                    _ => cascade,
+                })
+            }
+            DrafterPlan::Adaptive { parts } => {
+                let parts = parts
+                    .iter()
+                    .map(|n| self.drafter(n, target))
+                    .collect::<Result<Vec<_>>>()?;
+                Box::new(AdaptiveCascade::new(name, parts))
+            }
+            DrafterPlan::Plugin { kind, table, base } => {
+                let context = PluginContext {
+                    name,
+                    table,
+                    base,
+                    tokenizer: &target.tokenizer,
+                    vocab: target.weights.vocab_size(),
+                };
+                self.registry.build(kind, &context).map_err(|e| match e {
+                    Error::Config { .. } => e,
+                    other => Error::config(format!("drafters.{name}"), other.to_string()),
+                })?
+            }
+            DrafterPlan::Horizontal { parts } => {
+                let parts = parts
+                    .iter()
+                    .map(|(n, tokens)| Ok((self.drafter(n, target)?, *tokens)))
+                    .collect::<Result<Vec<_>>>()?;
+                Box::new(HorizontalCascade::new(name, parts))
+            }
+        })
+    }
+}
+
+/// A drafter must speak the target's vocabulary: same tokens at the same ids, same logits width.
+pub fn check_vocab(
+    target: &LoadedModel,
+    target_name: &str,
+    drafter: &LoadedModel,
+    drafter_name: &str,
+) -> Result<()> {
+    let (t, d) = (&target.tokenizer, &drafter.tokenizer);
+    if t.fingerprint() != d.fingerprint()
+        || target.weights.vocab_size() != drafter.weights.vocab_size()
+    {
+        return Err(Error::VocabMismatch {
+            target: target_name.into(),
+            drafter: drafter_name.into(),
+            target_vocab: t.vocab_size(),
+            drafter_vocab: d.vocab_size(),
+            target_fp: t.fingerprint(),
+            drafter_fp: d.fingerprint(),
+        });
+    }
+    Ok(())
+}

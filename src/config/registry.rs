@@ -1,0 +1,157 @@
+//! Drafter kinds a library user adds to configs.
+//!
+//! ```no_run
+//! use cascade::config::{PluginContext, RawConfig, Registry};
+//! use cascade::drafter::{Drafter, MaxGramDrafter, MaxGramPolicy};
+//! use std::path::Path;
+//!
+//! let mut registry = Registry::default();
+//! // `[drafters.quick] kind = "my_max_gram"` in a config now builds this drafter.
+//! registry.register("my_max_gram", |cx: &PluginContext| -> cascade::Result<Box<dyn Drafter>> {
+//!     let policy = MaxGramPolicy { max_ngram: cx.usize("max_ngram")?.unwrap_or(8), ..Default::default() };
+//!     Ok(Box::new(MaxGramDrafter::new(cx.name, policy, None)))
+//! });
+//! let plan = RawConfig::load(Path::new("my.toml"))?.validate_with(Path::new("."), &registry)?;
+//! # Ok::<(), cascade::Error>(())
+//! ```
+
+use crate::draft::Drafter;
+use crate::error::{Error, Result};
+use crate::tokenizer::Tokenizer;
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+/// Builds a plug-in drafter from its config table.
+type Constructor = dyn Fn(&PluginContext) -> Result<Box<dyn Drafter>> + Send + Sync;
+
+/// Drafter kinds registered under names, usable in configs like the built-in kinds.
+#[derive(Clone, Default)]
+pub struct Registry {
+    kinds: BTreeMap<String, Arc<Constructor>>,
+}
+
+/// What a plug-in's constructor gets: its node's name and table, and the target's tokenizer.
+pub struct PluginContext<'a> {
+    /// The drafter's name in `[drafters]`.
+    pub name: &'a str,
+    /// Its table as written, `kind` removed.
+    pub table: &'a toml::Table,
+    /// The config's folder: relative paths in the table are from here.
+    pub base: &'a Path,
+    /// The target's tokenizer (drafts must use its token ids).
+    pub tokenizer: &'a Tokenizer,
+    /// The target's vocabulary size.
+    pub vocab: usize,
+}
+
+impl Registry {
+    /// Registers `kind` (replacing a kind registered before under that name).
+    pub fn register(
+        &mut self,
+        kind: &str,
+        build: impl Fn(&PluginContext) -> Result<Box<dyn Drafter>> + Send + Sync + 'static,
+    ) -> &mut Self {
+        self.kinds.insert(kind.to_string(), Arc::new(build));
+        self
+    }
+
+    /// Whether `kind` is registered.
+    pub fn has(&self, kind: &str) -> bool {
+        self.kinds.contains_key(kind)
+    }
+
+    /// The registered kinds, comma-separated (`none` if there are none).
+    pub fn kinds(&self) -> String {
+        if self.kinds.is_empty() {
+            "none".into()
+        } else {
+            self.kinds.keys().cloned().collect::<Vec<_>>().join(", ")
+        }
+    }
+
+    /// Builds a drafter of `kind` (validation checked that it is registered).
+    pub(crate) fn build(&self, kind: &str, context: &PluginContext) -> Result<Box<dyn Drafter>> {
+        let build = self.kinds.get(kind).ok_or_else(|| {
+            Error::config(
+                format!("drafters.{}.kind", context.name),
+                format!("unknown drafter kind `{kind}`"),
+            )
+        })?;
+        build(context)
+    }
+}
+
+impl fmt::Debug for Registry {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_set().entries(self.kinds.keys()).finish()
+    }
+}
+
+impl PluginContext<'_> {
+    /// The TOML path of `key` in this drafter's table, for error messages.
+    pub fn at(&self, key: &str) -> String {
+        format!("drafters.{}.{key}", self.name)
+    }
+
+    /// An error about `key` of this drafter's table.
+    pub fn error(&self, key: &str, message: impl Into<String>) -> Error {
+        Error::config(self.at(key), message)
+    }
+
+    /// Fails on keys of the table other than `known`, naming them.
+    pub fn only(&self, known: &[&str]) -> Result<()> {
+        match self.table.keys().find(|k| !known.contains(&k.as_str())) {
+            Some(k) => Err(self.error(k, format!("unknown key (known: {})", known.join(", ")))),
+            None => Ok(()),
+        }
+    }
+
+    /// The string at `key`, if present.
+    pub fn str(&self, key: &str) -> Result<Option<&str>> {
+        match self.table.get(key) {
+            None => Ok(None),
+            Some(toml::Value::String(s)) => Ok(Some(s)),
+            Some(_) => Err(self.error(key, "must be a string")),
+        }
+    }
+
+    /// The non-negative integer at `key`, if present.
+    pub fn usize(&self, key: &str) -> Result<Option<usize>> {
+        match self.table.get(key) {
+            None => Ok(None),
+            Some(toml::Value::Integer(n)) if *n >= 0 => Ok(Some(*n as usize)),
+            Some(_) => Err(self.error(key, "must be an integer >= 0")),
+        }
+    }
+
+    /// The list of strings at `key`, if present.
+    pub fn strings(&self, key: &str) -> Result<Option<Vec<String>>> {
+        match self.table.get(key) {
+            None => Ok(None),
+            Some(toml::Value::Array(a)) => a
+                .iter()
+                .map(|v| match v {
+                    toml::Value::String(s) => Ok(s.clone()),
+                    _ => Err(self.error(key, "must be a list of strings")),
+                })
+                .collect::<Result<Vec<_>>>()
+                .map(Some),
+            Some(_) => Err(self.error(key, "must be a list of strings")),
+        }
+    }
+
+    /// A file named at `key`, relative to the config's folder; an error if it does not exist.
+    pub fn file(&self, key: &str) -> Result<Option<PathBuf>> {
+        let Some(p) = self.str(key)? else {
+            return Ok(None);
+        };
+        let path = self.base.join(p);
+        if path.is_file() {
+            Ok(Some(path))
+        } else {
+            Err(self.error(key, format!("file not found: {}", path.display())))
+        }
+    }
+}

@@ -1,0 +1,240 @@
+//! The TOML as written: [`RawConfig`] mirrors the file and only checks what was typed
+//! (unknown keys are errors).
+
+use crate::drafter::MaxGramPolicy;
+use crate::error::{Error, Result};
+use crate::model::ModelSource;
+use crate::sampling::Sampling;
+use serde::de::Error as _;
+use serde::{Deserialize, Deserializer};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+/// The TOML file as written.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawConfig {
+    pub target: RawTarget,
+    #[serde(default, deserialize_with = "drafter_tables")]
+    pub drafters: BTreeMap<String, RawDrafter>,
+    #[serde(default)]
+    pub sampling: Sampling,
+    #[serde(default)]
+    pub generation: RawGeneration,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawTarget {
+    pub model: ModelSource,
+    /// A `tokenizer.json` to use instead of the one embedded in the GGUF.
+    pub tokenizer: Option<PathBuf>,
+    /// Name of the drafter in `[drafters]`; none means autoregressive decoding.
+    pub drafter: Option<String>,
+    /// Tokens drafted per target call.
+    #[serde(default = "default_k")]
+    pub k: usize,
+    /// Lenience of the target's review; anything but 1 changes the output distribution.
+    #[serde(default = "one")]
+    pub lenience: f32,
+    /// Must be true for `lenience != 1`: an explicit opt-in to inexact output.
+    #[serde(default)]
+    pub allow_inexact: bool,
+    /// Size each draft by the drafters' learned acceptance and this machine's measured costs
+    /// (`k` becomes an upper bound).
+    #[serde(default)]
+    pub adaptive: bool,
+    /// Cap on the context length (tokens), below the model's own.
+    pub context: Option<usize>,
+}
+
+/// A named drafter.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
+pub enum RawDrafter {
+    /// Samples from a smaller model that shares the target's tokenizer.
+    Model {
+        model: ModelSource,
+        tokenizer: Option<PathBuf>,
+    },
+    /// Follows a bigram table (built with `cascade ngram build`).
+    Bigram {
+        table: PathBuf,
+        /// Sample successors from the table instead of taking the most likely.
+        #[serde(default)]
+        sample: bool,
+    },
+    /// Copies the continuation of the longest earlier match of the text's suffix, falling
+    /// back to a bigram table when there is none.
+    MaxGram {
+        table: Option<PathBuf>,
+        /// Longest suffix searched for.
+        #[serde(default = "default_max_ngram")]
+        max_ngram: usize,
+        /// Shortest match worth drafting from.
+        #[serde(default = "default_min_match")]
+        min_match: usize,
+        /// Tokens drafted from the bigram table when there is no match.
+        #[serde(default = "default_bigram_tokens")]
+        bigram_tokens: usize,
+        /// A match of length n copies at most `n * length_per_match` tokens; 0 leaves it to
+        /// the gate.
+        #[serde(default = "default_length_per_match")]
+        length_per_match: f32,
+    },
+    /// A reviewer model over another drafter (CS Drafting's vertical cascade).
+    Vertical {
+        reviewer: ModelSource,
+        tokenizer: Option<PathBuf>,
+        /// The inner drafter's name.
+        draft: String,
+        /// Tokens asked of the inner drafter per review.
+        #[serde(default = "default_k")]
+        k: usize,
+        /// Lenience of this review (>= 1; 1 is exact).
+        #[serde(default = "one")]
+        lenience: f32,
+        /// Size the inner drafts adaptively (`k` becomes an upper bound).
+        #[serde(default)]
+        adaptive: bool,
+    },
+    /// Each position of a draft from the cheapest drafter worth it there (a dynamic
+    /// horizontal cascade): `drafters = ["mag", "small"]`, cheapest first.
+    Adaptive { drafters: Vec<String> },
+    /// Positions of one draft split between drafters (CS Drafting's horizontal cascade):
+    /// `schedule = [["a", 2], ["b", 6]]` takes 2 tokens from `a`, then up to 6 from `b`.
+    Horizontal { schedule: Vec<(String, usize)> },
+    /// The paper's notation (CS Drafting, Algorithm 1 and Table 2). With reviewer models
+    /// `d_1..d_n` (most capable first) and a final drafter `d_{n+1}` (`last`, usually
+    /// Max-Gram), row `r` of `k_matrix` (1-based) builds the draft reviewed at level `r - 1`
+    /// (row 1: the target's): `k_matrix[r][j]` tokens from `d_{r+j}`, where each `d_i` with
+    /// `i <= n` is a vertical cascade reviewing the draft of row `i + 1`, and `d_{n+1}`
+    /// drafts `last_k` tokens per review. Row `r` has `n + 2 - r` entries (the last one for
+    /// `last`). Table 2's `k11, k12, k21` for base, small, Max-Gram is
+    /// `k_matrix = [[k11, k12, 0], [k21, 0]]`.
+    KMatrix {
+        reviewers: Vec<ModelSource>,
+        last: String,
+        k_matrix: Vec<Vec<usize>>,
+        #[serde(default = "default_last_k")]
+        last_k: usize,
+        #[serde(default = "one")]
+        lenience: f32,
+    },
+    /// A kind a library user registered ([`Registry`](super::Registry)): its table as written,
+    /// `kind` removed.
+    #[serde(skip)]
+    Plugin { kind: String, table: toml::Table },
+}
+
+/// The kinds built into the engine; any other `kind` names a plug-in.
+pub const BUILT_IN_KINDS: [&str; 7] = [
+    "model",
+    "bigram",
+    "max_gram",
+    "vertical",
+    "horizontal",
+    "adaptive",
+    "k_matrix",
+];
+
+/// Reads `[drafters.*]`: built-in kinds into their typed form, any other kind as a plug-in
+/// table (checked against the registry when the config is validated).
+fn drafter_tables<'de, D: Deserializer<'de>>(
+    d: D,
+) -> std::result::Result<BTreeMap<String, RawDrafter>, D::Error> {
+    let tables = BTreeMap::<String, toml::Table>::deserialize(d)?;
+    tables
+        .into_iter()
+        .map(|(name, mut table)| {
+            let kind = match table.get("kind") {
+                Some(toml::Value::String(k)) => k.clone(),
+                Some(_) => {
+                    return Err(D::Error::custom(format!(
+                        "drafters.{name}.kind: must be a string"
+                    )))
+                }
+                None => return Err(D::Error::custom(format!("drafters.{name}: missing `kind`"))),
+            };
+            let drafter = if BUILT_IN_KINDS.contains(&kind.as_str()) {
+                RawDrafter::deserialize(toml::Value::Table(table))
+                    .map_err(|e| D::Error::custom(format!("drafters.{name}: {e}")))?
+            } else {
+                table.remove("kind");
+                RawDrafter::Plugin { kind, table }
+            };
+            Ok((name, drafter))
+        })
+        .collect()
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawGeneration {
+    #[serde(default = "default_max_new")]
+    pub max_new_tokens: usize,
+    #[serde(default)]
+    pub seed: u64,
+    #[serde(default)]
+    pub stop: Vec<String>,
+    /// Wrap the prompt in the model's chat template.
+    #[serde(default)]
+    pub chat: bool,
+    /// System message for the chat template.
+    pub system: Option<String>,
+}
+
+impl Default for RawGeneration {
+    fn default() -> Self {
+        Self {
+            max_new_tokens: default_max_new(),
+            seed: 0,
+            stop: Vec::new(),
+            chat: false,
+            system: None,
+        }
+    }
+}
+
+fn default_k() -> usize {
+    4
+}
+fn one() -> f32 {
+    1.0
+}
+fn default_max_new() -> usize {
+    256
+}
+fn default_last_k() -> usize {
+    10
+}
+fn default_max_ngram() -> usize {
+    MaxGramPolicy::default().max_ngram
+}
+fn default_min_match() -> usize {
+    MaxGramPolicy::default().min_match
+}
+fn default_bigram_tokens() -> usize {
+    MaxGramPolicy::default().bigram_tokens
+}
+fn default_length_per_match() -> f32 {
+    MaxGramPolicy::default().length_per_match
+}
+
+impl RawConfig {
+    /// Parses TOML text; `origin` names the file in errors.
+    pub fn parse(text: &str, origin: &str) -> Result<Self> {
+        toml::from_str(text).map_err(|e| Error::config(origin, e.to_string().trim_end()))
+    }
+
+    /// Reads and parses a config file.
+    pub fn load(path: &Path) -> Result<Self> {
+        let text = std::fs::read_to_string(path).map_err(|e| {
+            Error::config(
+                path.display().to_string(),
+                format!("cannot read config: {e}"),
+            )
+        })?;
+        Self::parse(&text, &path.display().to_string())
+    }
+}

@@ -1,0 +1,540 @@
+//! From the TOML as written to a validated [`Plan`]: every setting checked once, errors
+//! naming the TOML path, model files resolved, the K-matrix notation expanded into a tree.
+
+use super::schema::{RawConfig, RawDrafter, BUILT_IN_KINDS};
+use super::Registry;
+use crate::drafter::MaxGramPolicy;
+use crate::engine::GenerateOptions;
+use crate::error::{Error, Result};
+use crate::model::ModelSource;
+use std::path::{Path, PathBuf};
+
+/// A validated configuration: models resolved to files, settings checked.
+#[derive(Clone, Debug)]
+pub struct Plan {
+    pub target: ModelPlan,
+    pub drafter: Option<DrafterNode>,
+    /// The target sizes drafts adaptively.
+    pub adaptive: bool,
+    pub context: Option<usize>,
+    pub options: GenerateOptions,
+    pub chat: bool,
+    pub system: Option<String>,
+    /// The plug-in kinds the config was validated with (used again to build it).
+    pub registry: Registry,
+}
+
+#[derive(Clone, Debug)]
+pub struct ModelPlan {
+    pub path: PathBuf,
+    pub tokenizer: Option<PathBuf>,
+}
+
+/// A node of the validated drafter tree.
+#[derive(Clone, Debug)]
+pub struct DrafterNode {
+    pub name: String,
+    pub kind: DrafterPlan,
+    /// Where the node sits in a K matrix it was expanded from.
+    pub k_matrix: Option<KMatrixRole>,
+}
+
+/// A node's place in the K matrix `matrix` (the `[drafters]` name of a `k_matrix` drafter with
+/// `reviewers` reviewer models).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum KMatrixRole {
+    /// The draft reviewed at level `row - 1` (row 1: the target's), built from row `row`.
+    Level {
+        matrix: String,
+        row: usize,
+        reviewers: usize,
+    },
+    /// The vertical cascade of reviewer `d_index` (1-based).
+    Reviewer {
+        matrix: String,
+        index: usize,
+        reviewers: usize,
+    },
+}
+
+impl Plan {
+    /// Every model file the plan names, once each: the target first, then the drafters' and
+    /// reviewers' models.
+    pub fn models(&self) -> Vec<&ModelPlan> {
+        let mut out = vec![&self.target];
+        if let Some(d) = &self.drafter {
+            d.models(&mut out);
+        }
+        out
+    }
+}
+
+impl DrafterNode {
+    fn models<'a>(&'a self, out: &mut Vec<&'a ModelPlan>) {
+        let mut add = |m: &'a ModelPlan| {
+            if !out.iter().any(|x| x.path == m.path) {
+                out.push(m);
+            }
+        };
+        match &self.kind {
+            DrafterPlan::Model(m) => add(m),
+            DrafterPlan::Vertical {
+                reviewer, inner, ..
+            } => {
+                add(reviewer);
+                inner.models(out);
+            }
+            DrafterPlan::Horizontal { parts } => parts.iter().for_each(|(n, _)| n.models(out)),
+            DrafterPlan::Adaptive { parts } => parts.iter().for_each(|n| n.models(out)),
+            DrafterPlan::Bigram { .. }
+            | DrafterPlan::MaxGram { .. }
+            | DrafterPlan::Plugin { .. } => {}
+        }
+    }
+
+    /// Whether this node or one below it sizes its drafts adaptively.
+    pub fn has_adaptive(&self) -> bool {
+        match &self.kind {
+            DrafterPlan::Vertical {
+                adaptive, inner, ..
+            } => *adaptive || inner.has_adaptive(),
+            DrafterPlan::Horizontal { parts } => parts.iter().any(|(n, _)| n.has_adaptive()),
+            DrafterPlan::Adaptive { parts } => parts.iter().any(DrafterNode::has_adaptive),
+            _ => false,
+        }
+    }
+}
+
+#[derive(Clone, Debug)]
+pub enum DrafterPlan {
+    Model(ModelPlan),
+    Bigram {
+        table: PathBuf,
+        sample: bool,
+    },
+    MaxGram {
+        table: Option<PathBuf>,
+        policy: MaxGramPolicy,
+    },
+    Vertical {
+        reviewer: ModelPlan,
+        inner: Box<DrafterNode>,
+        k: usize,
+        lenience: f32,
+        adaptive: bool,
+    },
+    Horizontal {
+        parts: Vec<(DrafterNode, usize)>,
+    },
+    Adaptive {
+        parts: Vec<DrafterNode>,
+    },
+    /// A registered plug-in kind with its table; relative paths in it are from `base`.
+    Plugin {
+        kind: String,
+        table: toml::Table,
+        base: PathBuf,
+    },
+}
+
+impl RawConfig {
+    /// Checks every setting and resolves model files (relative paths from `base`), with the
+    /// built-in drafter kinds only.
+    pub fn validate(&self, base: &Path) -> Result<Plan> {
+        self.validate_with(base, &Registry::default())
+    }
+
+    /// [`RawConfig::validate`] with the plug-in kinds of `registry` too.
+    pub fn validate_with(&self, base: &Path, registry: &Registry) -> Result<Plan> {
+        let t = &self.target;
+        if t.k == 0 {
+            return Err(Error::config(
+                "target.k",
+                "must be >= 1 (tokens drafted per target call)",
+            ));
+        }
+        check_lenience("target.lenience", t.lenience)?;
+        if t.lenience != 1.0 && !t.allow_inexact {
+            return Err(Error::config(
+                "target.lenience",
+                format!(
+                    "lenience {} at the target changes the output distribution; \
+                     set target.allow_inexact = true to accept that",
+                    t.lenience
+                ),
+            ));
+        }
+        if t.context == Some(0) {
+            return Err(Error::config("target.context", "must be >= 1"));
+        }
+        self.sampling
+            .validate()
+            .map_err(|e| Error::config("sampling", e.to_string()))?;
+        // A kind nobody registered is an error even in a table nothing refers to.
+        for (name, d) in &self.drafters {
+            if let RawDrafter::Plugin { kind, .. } = d {
+                if !registry.has(kind) {
+                    return Err(unknown_kind(name, kind, registry));
+                }
+            }
+        }
+        let v = Validator {
+            raw: self,
+            base,
+            registry,
+        };
+        let drafter = match &t.drafter {
+            None => None,
+            Some(name) => Some(v.node(name, "target.drafter", &mut Vec::new())?),
+        };
+        Ok(Plan {
+            target: v.model(&t.model, &t.tokenizer, "target")?,
+            drafter,
+            adaptive: t.adaptive,
+            context: t.context,
+            options: GenerateOptions {
+                max_new_tokens: self.generation.max_new_tokens,
+                sampling: self.sampling,
+                seed: self.generation.seed,
+                k: t.k,
+                lenience: t.lenience,
+                stop: self.generation.stop.clone(),
+            },
+            chat: self.generation.chat,
+            system: self.generation.system.clone(),
+            registry: registry.clone(),
+        })
+    }
+}
+
+fn unknown_kind(name: &str, kind: &str, registry: &Registry) -> Error {
+    Error::config(
+        format!("drafters.{name}.kind"),
+        format!(
+            "unknown drafter kind `{kind}` (built in: {}; registered: {})",
+            BUILT_IN_KINDS.join(", "),
+            registry.kinds()
+        ),
+    )
+}
+
+fn check_lenience(at: &str, l: f32) -> Result<()> {
+    if l >= 1.0 && l.is_finite() {
+        Ok(())
+    } else {
+        Err(Error::config(
+            at,
+            format!("must be a finite number >= 1, got {l}"),
+        ))
+    }
+}
+
+struct Validator<'a> {
+    raw: &'a RawConfig,
+    base: &'a Path,
+    registry: &'a Registry,
+}
+
+impl Validator<'_> {
+    fn model(&self, src: &ModelSource, tok: &Option<PathBuf>, at: &str) -> Result<ModelPlan> {
+        let path = src.resolve(self.base, None)?;
+        let tokenizer = tok.as_ref().map(|p| self.base.join(p));
+        if let Some(p) = &tokenizer {
+            if !p.is_file() {
+                return Err(Error::config(
+                    format!("{at}.tokenizer"),
+                    format!("file not found: {}", p.display()),
+                ));
+            }
+        }
+        let tokenizer = tokenizer.map(|p| std::fs::canonicalize(&p).unwrap_or(p));
+        Ok(ModelPlan { path, tokenizer })
+    }
+
+    fn file(&self, p: &Path, at: String) -> Result<PathBuf> {
+        let p = self.base.join(p);
+        if p.is_file() {
+            Ok(p)
+        } else {
+            Err(Error::config(
+                at,
+                format!("file not found: {}", p.display()),
+            ))
+        }
+    }
+
+    /// The drafter `name`, referenced at `at`; `stack` holds the names being resolved above
+    /// it, to refuse cycles.
+    fn node(&self, name: &str, at: &str, stack: &mut Vec<String>) -> Result<DrafterNode> {
+        let raw = self.raw.drafters.get(name).ok_or_else(|| {
+            let known: Vec<&str> = self.raw.drafters.keys().map(String::as_str).collect();
+            let known = if known.is_empty() {
+                "none".to_string()
+            } else {
+                known.join(", ")
+            };
+            Error::config(
+                at,
+                format!("unknown drafter `{name}` (defined in [drafters]: {known})"),
+            )
+        })?;
+        if stack.iter().any(|s| s == name) {
+            let cycle = [&stack[..], &[name.to_string()]].concat().join(" -> ");
+            return Err(Error::config(at, format!("drafters form a cycle: {cycle}")));
+        }
+        stack.push(name.to_string());
+        let here = format!("drafters.{name}");
+        let kind = match raw {
+            RawDrafter::Model { model, tokenizer } => {
+                DrafterPlan::Model(self.model(model, tokenizer, &here)?)
+            }
+            RawDrafter::Bigram { table, sample } => DrafterPlan::Bigram {
+                table: self.file(table, format!("{here}.table"))?,
+                sample: *sample,
+            },
+            RawDrafter::MaxGram {
+                table,
+                max_ngram,
+                min_match,
+                bigram_tokens,
+                length_per_match,
+            } => {
+                if !(length_per_match.is_finite() && *length_per_match >= 0.0) {
+                    return Err(Error::config(
+                        format!("{here}.length_per_match"),
+                        format!("must be a finite number >= 0 (0: no cap), got {length_per_match}"),
+                    ));
+                }
+                if *max_ngram == 0 {
+                    return Err(Error::config(format!("{here}.max_ngram"), "must be >= 1"));
+                }
+                if *min_match == 0 || min_match > max_ngram {
+                    return Err(Error::config(
+                        format!("{here}.min_match"),
+                        format!("must be between 1 and max_ngram ({max_ngram})"),
+                    ));
+                }
+                DrafterPlan::MaxGram {
+                    table: table
+                        .as_ref()
+                        .map(|t| self.file(t, format!("{here}.table")))
+                        .transpose()?,
+                    policy: MaxGramPolicy {
+                        max_ngram: *max_ngram,
+                        min_match: *min_match,
+                        bigram_tokens: *bigram_tokens,
+                        length_per_match: *length_per_match,
+                    },
+                }
+            }
+            RawDrafter::Vertical {
+                reviewer,
+                tokenizer,
+                draft,
+                k,
+                lenience,
+                adaptive,
+            } => {
+                if *k == 0 {
+                    return Err(Error::config(
+                        format!("{here}.k"),
+                        "must be >= 1 (tokens asked of the inner drafter)",
+                    ));
+                }
+                check_lenience(&format!("{here}.lenience"), *lenience)?;
+                DrafterPlan::Vertical {
+                    reviewer: self.model(reviewer, tokenizer, &here)?,
+                    inner: Box::new(self.node(draft, &format!("{here}.draft"), stack)?),
+                    k: *k,
+                    lenience: *lenience,
+                    adaptive: *adaptive,
+                }
+            }
+            RawDrafter::Plugin { kind, table } => {
+                if !self.registry.has(kind) {
+                    return Err(unknown_kind(name, kind, self.registry));
+                }
+                DrafterPlan::Plugin {
+                    kind: kind.clone(),
+                    table: table.clone(),
+                    base: self.base.to_path_buf(),
+                }
+            }
+            RawDrafter::Adaptive { drafters } => {
+                if drafters.is_empty() {
+                    return Err(Error::config(
+                        format!("{here}.drafters"),
+                        "must list at least one drafter",
+                    ));
+                }
+                let parts = drafters
+                    .iter()
+                    .enumerate()
+                    .map(|(i, d)| self.node(d, &format!("{here}.drafters[{i}]"), stack))
+                    .collect::<Result<Vec<_>>>()?;
+                DrafterPlan::Adaptive { parts }
+            }
+            RawDrafter::Horizontal { schedule } => {
+                if schedule.is_empty() {
+                    return Err(Error::config(
+                        format!("{here}.schedule"),
+                        "must list at least one [drafter, tokens] pair",
+                    ));
+                }
+                let mut parts = Vec::new();
+                for (i, (part, tokens)) in schedule.iter().enumerate() {
+                    let at = format!("{here}.schedule[{i}]");
+                    if *tokens == 0 {
+                        return Err(Error::config(
+                            at,
+                            format!("`{part}` must draft at least 1 token"),
+                        ));
+                    }
+                    parts.push((self.node(part, &at, stack)?, *tokens));
+                }
+                DrafterPlan::Horizontal { parts }
+            }
+            RawDrafter::KMatrix {
+                reviewers,
+                last,
+                k_matrix,
+                last_k,
+                lenience,
+            } => {
+                check_lenience(&format!("{here}.lenience"), *lenience)?;
+                if *last_k == 0 {
+                    return Err(Error::config(format!("{here}.last_k"), "must be >= 1"));
+                }
+                let models = reviewers
+                    .iter()
+                    .enumerate()
+                    .map(|(i, r)| self.model(r, &None, &format!("{here}.reviewers[{i}]")))
+                    .collect::<Result<Vec<_>>>()?;
+                let last = self.node(last, &format!("{here}.last"), stack)?;
+                let tree = k_matrix_tree(name, &models, last, k_matrix, *last_k, *lenience)?;
+                stack.pop();
+                return Ok(DrafterNode {
+                    name: name.to_string(),
+                    k_matrix: Some(KMatrixRole::Level {
+                        matrix: name.to_string(),
+                        row: 1,
+                        reviewers: models.len(),
+                    }),
+                    ..tree
+                });
+            }
+        };
+        stack.pop();
+        Ok(DrafterNode {
+            name: name.to_string(),
+            kind,
+            k_matrix: None,
+        })
+    }
+}
+
+/// Expands the K-matrix notation (see [`RawDrafter::KMatrix`]) into vertical and horizontal
+/// nodes.
+fn k_matrix_tree(
+    name: &str,
+    reviewers: &[ModelPlan],
+    last: DrafterNode,
+    k: &[Vec<usize>],
+    last_k: usize,
+    lenience: f32,
+) -> Result<DrafterNode> {
+    let n = reviewers.len();
+    let at = format!("drafters.{name}.k_matrix");
+    if n == 0 {
+        return Err(Error::config(
+            format!("drafters.{name}.reviewers"),
+            "must list at least one model",
+        ));
+    }
+    if k.len() != n {
+        return Err(Error::config(
+            at,
+            format!("expected {n} rows (one per reviewer), got {}", k.len()),
+        ));
+    }
+    for (r, row) in k.iter().enumerate() {
+        if row.len() != n + 1 - r {
+            return Err(Error::config(
+                format!("{at}[{r}]"),
+                format!(
+                    "expected {} entries (drafters d{}..d{} and the last), got {}",
+                    n + 1 - r,
+                    r + 1,
+                    n,
+                    row.len()
+                ),
+            ));
+        }
+        if row.iter().all(|&c| c == 0) {
+            return Err(Error::config(
+                format!("{at}[{r}]"),
+                "drafts nothing: at least one entry must be >= 1",
+            ));
+        }
+    }
+    // level(r): the draft reviewed at level r (0-based row r), a horizontal node over
+    // d_{r+1}..d_n (each reviewing level(i)) and the last drafter.
+    fn level(
+        r: usize,
+        name: &str,
+        reviewers: &[ModelPlan],
+        last: &DrafterNode,
+        k: &[Vec<usize>],
+        last_k: usize,
+        l: f32,
+    ) -> DrafterNode {
+        let n = reviewers.len();
+        let mut parts = Vec::new();
+        for (j, &count) in k[r].iter().enumerate() {
+            if count == 0 {
+                continue;
+            }
+            let i = r + j; // 0-based drafter index; i == n is the last drafter
+            let node = if i == n {
+                last.clone()
+            } else {
+                let inner = if i + 1 < n {
+                    level(i + 1, name, reviewers, last, k, last_k, l)
+                } else {
+                    last.clone()
+                };
+                let inner_k = if i + 1 < n {
+                    k[i + 1].iter().sum()
+                } else {
+                    last_k
+                };
+                DrafterNode {
+                    name: format!("{name}.d{}", i + 1),
+                    k_matrix: Some(KMatrixRole::Reviewer {
+                        matrix: name.to_string(),
+                        index: i + 1,
+                        reviewers: n,
+                    }),
+                    kind: DrafterPlan::Vertical {
+                        reviewer: reviewers[i].clone(),
+                        inner: Box::new(inner),
+                        k: inner_k,
+                        lenience: l,
+                        adaptive: false,
+                    },
+                }
+            };
+            parts.push((node, count));
+        }
+        DrafterNode {
+            name: format!("{name}.level{}", r + 1),
+            kind: DrafterPlan::Horizontal { parts },
+            k_matrix: Some(KMatrixRole::Level {
+                matrix: name.to_string(),
+                row: r + 1,
+                reviewers: n,
+            }),
+        }
+    }
+    Ok(level(0, name, reviewers, &last, k, last_k, lenience))
+}
