@@ -225,7 +225,7 @@ impl Engine {
             prompt_tokens: prompt.len(),
             ..Stats::default()
         };
-        let mut stream = TextStream::new(&self.tokenizer, &opts.stop);
+        let mut stream = TextStream::new(&self.tokenizer, &opts.stop)?;
         let mut context = prompt.to_vec();
         let mut generated = Vec::new();
 

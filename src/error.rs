@@ -66,8 +66,9 @@ pub enum Error {
     #[error("chat template: {0}")]
     ChatTemplate(String),
 
+    /// A failure inside candle, its backtrace stripped (see [`Error::candle_message`]).
     #[error("model computation failed: {0}")]
-    Compute(#[from] candle_core::Error),
+    Compute(String),
 
     #[error("{0}")]
     Io(#[from] std::io::Error),
@@ -82,5 +83,25 @@ impl Error {
             path: path.into(),
             message: message.into(),
         }
+    }
+}
+
+impl Error {
+    /// The message of a candle error without the backtrace candle attaches when
+    /// `RUST_BACKTRACE` is set: users see what went wrong, not a stack dump.
+    pub fn candle_message(e: candle_core::Error) -> String {
+        match e {
+            candle_core::Error::WithBacktrace { inner, .. } => Self::candle_message(*inner),
+            candle_core::Error::Context { inner, context } => {
+                format!("{context}: {}", Self::candle_message(*inner))
+            }
+            e => e.to_string(),
+        }
+    }
+}
+
+impl From<candle_core::Error> for Error {
+    fn from(e: candle_core::Error) -> Self {
+        Error::Compute(Self::candle_message(e))
     }
 }

@@ -1,7 +1,8 @@
 //! Turning committed tokens into streamed text, with stop strings.
 
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::tokenizer::Tokenizer;
+use aho_corasick::{AhoCorasick, MatchKind};
 
 /// Decodes generated tokens as they are committed, finds stop strings, and releases text
 /// that is final: not a possible start of a stop string, not half of a UTF-8 character.
@@ -11,6 +12,9 @@ use crate::tokenizer::Tokenizer;
 pub struct TextStream<'a> {
     tokenizer: &'a Tokenizer,
     stop: &'a [String],
+    /// Finds the leftmost of all stop strings in one pass over the new text.
+    matcher: Option<AhoCorasick>,
+    longest: usize,
     ids: Vec<u32>,
     /// `ids[prefix..read]` were decoded into `text` already; `ids[read..]` are pending (an
     /// incomplete UTF-8 character).
@@ -21,16 +25,29 @@ pub struct TextStream<'a> {
 }
 
 impl<'a> TextStream<'a> {
-    pub fn new(tokenizer: &'a Tokenizer, stop: &'a [String]) -> Self {
-        Self {
+    /// A stream for `tokenizer`'s tokens that ends at the first of the `stop` strings; an
+    /// empty stop string is an error (it would stop before any text).
+    pub fn new(tokenizer: &'a Tokenizer, stop: &'a [String]) -> Result<Self> {
+        if stop.iter().any(String::is_empty) {
+            return Err(Error::Sampling("a stop string is empty".into()));
+        }
+        let matcher = (!stop.is_empty()).then(|| {
+            AhoCorasick::builder()
+                .match_kind(MatchKind::LeftmostFirst)
+                .build(stop)
+                .expect("plain strings always build an automaton")
+        });
+        Ok(Self {
             tokenizer,
             stop,
+            matcher,
+            longest: stop.iter().map(String::len).max().unwrap_or(0),
             ids: Vec::new(),
             prefix: 0,
             read: 0,
             text: String::new(),
             released: 0,
-        }
+        })
     }
 
     /// Adds one token. Returns true if the text now contains a stop string; the text is then
@@ -47,22 +64,21 @@ impl<'a> TextStream<'a> {
             self.prefix = self.read;
             self.read = self.ids.len();
         }
-        let longest = self.stop.iter().map(String::len).max().unwrap_or(0);
+        let Some(matcher) = &self.matcher else {
+            return Ok(false);
+        };
         // Only the tail can hold a new match: earlier text was checked before.
-        let mut from = self.released.saturating_sub(longest);
+        let mut from = self.released.saturating_sub(self.longest);
         while !self.text.is_char_boundary(from) {
             from -= 1;
         }
-        let hit = self
-            .stop
-            .iter()
-            .filter_map(|s| self.text[from..].find(s.as_str()).map(|i| from + i))
-            .min();
-        if let Some(at) = hit {
-            self.text.truncate(at);
-            return Ok(true);
+        match matcher.find(&self.text[from..]) {
+            Some(m) => {
+                self.text.truncate(from + m.start());
+                Ok(true)
+            }
+            None => Ok(false),
         }
-        Ok(false)
     }
 
     /// Text that became final since the last call. With `finished`, everything left

@@ -22,17 +22,16 @@ pub struct Tokenizer {
 
 impl Tokenizer {
     /// The tokenizer of a GGUF model: from `tokenizer_json` if given, else from the GGUF itself.
-    pub fn load(gguf: &GgufFile, tokenizer_json: Option<&Path>) -> Result<Self> {
+    pub fn load(gguf: &GgufFile<'_>, tokenizer_json: Option<&Path>) -> Result<Self> {
         let inner = match tokenizer_json {
             Some(p) => tokenizers::Tokenizer::from_file(p)
                 .map_err(|e| Error::Tokenizer(format!("{}: {e}", p.display())))?,
             None => tokenizers::Tokenizer::from_gguf(&gguf.content).map_err(|e| {
-                // The message only: candle appends a backtrace when RUST_BACKTRACE is set.
-                let e = match e {
-                    candle_core::Error::WithBacktrace { inner, .. } => *inner,
-                    e => e,
-                };
-                Error::Tokenizer(format!("{}: {e}", gguf.path.display()))
+                Error::Tokenizer(format!(
+                    "{}: {}",
+                    gguf.path.display(),
+                    Error::candle_message(e)
+                ))
             })?,
         };
         let token_id = |key: &str| gguf.usize(key).ok().map(|v| v as u32);

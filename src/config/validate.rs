@@ -147,12 +147,13 @@ impl RawConfig {
     /// [`RawConfig::validate`] with the plug-in kinds of `registry` too.
     pub fn validate_with(&self, base: &Path, registry: &Registry) -> Result<Plan> {
         let t = &self.target;
-        if t.k == 0 {
-            return Err(Error::config(
-                "target.k",
-                "must be >= 1 (tokens drafted per target call)",
-            ));
-        }
+        in_range(
+            "target.k",
+            t.k,
+            1,
+            MAX_DRAFT,
+            "tokens drafted per target call",
+        )?;
         check_lenience("target.lenience", t.lenience)?;
         if t.lenience != 1.0 && !t.allow_inexact {
             return Err(Error::config(
@@ -164,9 +165,16 @@ impl RawConfig {
                 ),
             ));
         }
-        if t.context == Some(0) {
-            return Err(Error::config("target.context", "must be >= 1"));
+        if let Some(c) = t.context {
+            in_range("target.context", c, 1, MAX_CONTEXT, "tokens")?;
         }
+        in_range(
+            "generation.max_new_tokens",
+            self.generation.max_new_tokens,
+            1,
+            MAX_CONTEXT,
+            "tokens",
+        )?;
         self.sampling
             .validate()
             .map_err(|e| Error::config("sampling", e.to_string()))?;
@@ -216,6 +224,25 @@ fn unknown_kind(name: &str, kind: &str, registry: &Registry) -> Error {
             registry.kinds()
         ),
     )
+}
+
+/// The most tokens one draft may hold: a verify scores at most this many plus one rows.
+pub const MAX_DRAFT: usize = 64;
+/// The longest context (and generation) a config may ask for.
+pub const MAX_CONTEXT: usize = 1 << 24;
+/// The longest suffix Max-Gram may match.
+pub const MAX_NGRAM: usize = 1024;
+
+/// Checks that the count at TOML path `at` lies in `lo..=hi`.
+fn in_range(at: &str, value: usize, lo: usize, hi: usize, what: &str) -> Result<()> {
+    if (lo..=hi).contains(&value) {
+        Ok(())
+    } else {
+        Err(Error::config(
+            at,
+            format!("must be between {lo} and {hi} ({what}), got {value}"),
+        ))
+    }
 }
 
 fn check_lenience(at: &str, l: f32) -> Result<()> {
@@ -305,9 +332,20 @@ impl Validator<'_> {
                         format!("must be a finite number >= 0 (0: no cap), got {length_per_match}"),
                     ));
                 }
-                if *max_ngram == 0 {
-                    return Err(Error::config(format!("{here}.max_ngram"), "must be >= 1"));
-                }
+                in_range(
+                    &format!("{here}.max_ngram"),
+                    *max_ngram,
+                    1,
+                    MAX_NGRAM,
+                    "tokens",
+                )?;
+                in_range(
+                    &format!("{here}.bigram_tokens"),
+                    *bigram_tokens,
+                    0,
+                    MAX_DRAFT,
+                    "tokens",
+                )?;
                 if *min_match == 0 || min_match > max_ngram {
                     return Err(Error::config(
                         format!("{here}.min_match"),
@@ -335,12 +373,13 @@ impl Validator<'_> {
                 lenience,
                 adaptive,
             } => {
-                if *k == 0 {
-                    return Err(Error::config(
-                        format!("{here}.k"),
-                        "must be >= 1 (tokens asked of the inner drafter)",
-                    ));
-                }
+                in_range(
+                    &format!("{here}.k"),
+                    *k,
+                    1,
+                    MAX_DRAFT,
+                    "tokens asked of the inner drafter",
+                )?;
                 check_lenience(&format!("{here}.lenience"), *lenience)?;
                 DrafterPlan::Vertical {
                     reviewer: self.model(reviewer, tokenizer, &here)?,
@@ -384,12 +423,13 @@ impl Validator<'_> {
                 let mut parts = Vec::new();
                 for (i, (part, tokens)) in schedule.iter().enumerate() {
                     let at = format!("{here}.schedule[{i}]");
-                    if *tokens == 0 {
-                        return Err(Error::config(
-                            at,
-                            format!("`{part}` must draft at least 1 token"),
-                        ));
-                    }
+                    in_range(
+                        &at,
+                        *tokens,
+                        1,
+                        MAX_DRAFT,
+                        &format!("tokens drafted by `{part}`"),
+                    )?;
                     parts.push((self.node(part, &at, stack)?, *tokens));
                 }
                 DrafterPlan::Horizontal { parts }
@@ -402,9 +442,7 @@ impl Validator<'_> {
                 lenience,
             } => {
                 check_lenience(&format!("{here}.lenience"), *lenience)?;
-                if *last_k == 0 {
-                    return Err(Error::config(format!("{here}.last_k"), "must be >= 1"));
-                }
+                in_range(&format!("{here}.last_k"), *last_k, 1, MAX_DRAFT, "tokens")?;
                 let models = reviewers
                     .iter()
                     .enumerate()
@@ -451,6 +489,8 @@ fn k_matrix_tree(
             "must list at least one model",
         ));
     }
+    // Each level expands the levels below it once per entry: a few reviewers at most.
+    in_range(&format!("drafters.{name}.reviewers"), n, 1, 6, "models")?;
     if k.len() != n {
         return Err(Error::config(
             at,
@@ -476,6 +516,14 @@ fn k_matrix_tree(
                 "drafts nothing: at least one entry must be >= 1",
             ));
         }
+        let total = row.iter().try_fold(0usize, |sum, &c| sum.checked_add(c));
+        in_range(
+            &format!("{at}[{r}]"),
+            total.unwrap_or(usize::MAX),
+            1,
+            MAX_DRAFT,
+            "tokens drafted per review, the sum of the row",
+        )?;
     }
     // level(r): the draft reviewed at level r (0-based row r), a horizontal node over
     // d_{r+1}..d_n (each reviewing level(i)) and the last drafter.

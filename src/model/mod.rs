@@ -1,7 +1,7 @@
 //! Models that can verify: a forward pass returns logits for every fed position, and the
 //! KV cache can be rolled back after a rejected draft.
 
-pub(crate) mod gguf;
+pub mod gguf;
 mod kernels;
 mod kv_cache;
 mod qweight;
@@ -9,7 +9,7 @@ pub mod source;
 mod synced;
 pub mod transformer;
 
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::tokenizer::Tokenizer;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -114,12 +114,39 @@ impl LoadedModel {
         kernels: Kernels,
         progress: &mut dyn FnMut(usize, usize),
     ) -> Result<Self> {
-        let mut file = gguf::GgufFile::open(path)?;
-        transformer::Config::from_gguf(&file)?; // an unsupported architecture fails first
+        Self::from_gguf(
+            gguf::GgufFile::open(path)?,
+            tokenizer_json,
+            kernels,
+            progress,
+        )
+    }
+
+    /// Loads a model from an open GGUF file (a file, or bytes in memory through
+    /// [`gguf::GgufFile::from_reader`]).
+    pub fn from_gguf(
+        mut file: gguf::GgufFile<'_>,
+        tokenizer_json: Option<&Path>,
+        kernels: Kernels,
+        progress: &mut dyn FnMut(usize, usize),
+    ) -> Result<Self> {
+        // The hyperparameters first: an unsupported or inconsistent file fails before the
+        // tokenizer or any weights are read.
+        let config = transformer::Config::from_gguf(&file)?;
         let tokenizer = Tokenizer::load(&file, tokenizer_json)?;
+        if tokenizer.vocab_size() > config.vocab {
+            return Err(Error::BadModelFile {
+                path: file.path.clone(),
+                reason: format!(
+                    "the tokenizer has {} tokens but the embeddings only {}",
+                    tokenizer.vocab_size(),
+                    config.vocab
+                ),
+            });
+        }
         let weights = Arc::new(Weights::load(&mut file, kernels, progress)?);
         Ok(Self {
-            path: path.to_path_buf(),
+            path: file.path.clone(),
             weights,
             tokenizer,
         })

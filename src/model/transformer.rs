@@ -31,6 +31,8 @@ pub struct Config {
     pub heads: usize,
     pub kv_heads: usize,
     pub head_dim: usize,
+    pub feed_forward: usize,
+    pub vocab: usize,
     pub context_length: usize,
     pub rms_eps: f32,
     pub rope_base: f32,
@@ -38,8 +40,10 @@ pub struct Config {
 }
 
 impl Config {
-    /// Reads the hyperparameters; fails on architectures this transformer does not implement.
-    pub fn from_gguf(f: &GgufFile) -> Result<Self> {
+    /// Reads the hyperparameters and checks them for range and consistency with each other
+    /// and with the embedding tensor; fails on architectures this transformer does not
+    /// implement.
+    pub fn from_gguf(f: &GgufFile<'_>) -> Result<Self> {
         let arch = f.string("general.architecture")?;
         let rope_style = match arch.as_str() {
             "qwen2" => RopeStyle::Halves,
@@ -51,18 +55,69 @@ impl Config {
                 })
             }
         };
+        let bad = |reason: String| Error::BadModelFile {
+            path: f.path.clone(),
+            reason,
+        };
         let key = |k: &str| format!("{arch}.{k}");
-        let hidden = f.usize(&key("embedding_length"))?;
-        let heads = f.usize(&key("attention.head_count"))?;
+        let ranged = |k: &str, max: usize| -> Result<usize> {
+            let v = f.usize(&key(k))?;
+            if (1..=max).contains(&v) {
+                Ok(v)
+            } else {
+                Err(bad(format!(
+                    "metadata `{}` is {v}, expected 1 to {max}",
+                    key(k)
+                )))
+            }
+        };
+        let hidden = ranged("embedding_length", 1 << 16)?;
+        let heads = ranged("attention.head_count", 1 << 10)?;
+        let kv_heads = match f.get(&key("attention.head_count_kv")) {
+            None => heads,
+            Some(_) => ranged("attention.head_count_kv", heads)?,
+        };
+        if heads % kv_heads != 0 {
+            return Err(bad(format!(
+                "{heads} attention heads cannot be shared evenly by {kv_heads} key-value heads"
+            )));
+        }
+        if hidden % heads != 0 || (hidden / heads) % 2 != 0 {
+            return Err(bad(format!(
+                "embedding length {hidden} over {heads} heads does not give an even head dimension"
+            )));
+        }
+        let positive = |k: &str, default: f32| -> Result<f32> {
+            let v = f.f32_or(&key(k), default)?;
+            if v.is_finite() && v > 0.0 {
+                Ok(v)
+            } else {
+                Err(bad(format!(
+                    "metadata `{}` is {v}, expected a positive number",
+                    key(k)
+                )))
+            }
+        };
+        let vocab = match f.dims("token_embd.weight") {
+            Some(&[vocab, cols]) if cols == hidden => vocab,
+            Some(dims) => {
+                return Err(bad(format!(
+                    "tensor `token_embd.weight` has shape {dims:?}, expected [vocabulary, {hidden}]"
+                )))
+            }
+            None => return Err(bad("tensor `token_embd.weight` is missing".into())),
+        };
         Ok(Self {
-            layers: f.usize(&key("block_count"))?,
+            layers: ranged("block_count", 1 << 10)?,
             hidden,
             heads,
-            kv_heads: f.usize(&key("attention.head_count_kv")).unwrap_or(heads),
+            kv_heads,
             head_dim: hidden / heads,
-            context_length: f.usize(&key("context_length"))?,
-            rms_eps: f.f32_or(&key("attention.layer_norm_rms_epsilon"), 1e-6)?,
-            rope_base: f.f32_or(&key("rope.freq_base"), 10_000.0)?,
+            feed_forward: ranged("feed_forward_length", 1 << 20)?,
+            vocab,
+            context_length: ranged("context_length", 1 << 24)?,
+            rms_eps: positive("attention.layer_norm_rms_epsilon", 1e-6)?,
+            rope_base: positive("rope.freq_base", 10_000.0)?,
             rope_style,
             arch,
         })
@@ -99,43 +154,59 @@ pub struct Weights {
 
 impl Weights {
     pub fn load(
-        f: &mut GgufFile,
+        f: &mut GgufFile<'_>,
         kernels: Kernels,
         mut progress: impl FnMut(usize, usize),
     ) -> Result<Self> {
         let config = Config::from_gguf(f)?;
-        let embeddings = f.tensor("token_embd.weight", kernels)?;
-        let mut layers = Vec::with_capacity(config.layers);
-        for i in 0..config.layers {
-            progress(i, config.layers);
+        let c = &config;
+        let (d, qd, kvd, ff) = (
+            c.hidden,
+            c.heads * c.head_dim,
+            c.kv_heads * c.head_dim,
+            c.feed_forward,
+        );
+        let embeddings = f.tensor("token_embd.weight", &[c.vocab, d], kernels)?;
+        let mut layers = Vec::with_capacity(c.layers);
+        for i in 0..c.layers {
+            progress(i, c.layers);
             let name = |t: &str| format!("blk.{i}.{t}");
-            let bias = |f: &mut GgufFile, t: &str| -> Result<Option<Vec<f32>>> {
-                let n = name(t);
-                Ok(if f.has_tensor(&n) {
-                    Some(f.tensor(&n, kernels)?.to_vec())
-                } else {
-                    None
-                })
+            let mut w = |t: &str, dims: &[usize]| f.tensor(&name(t), dims, kernels);
+            let vector = |f: &mut GgufFile, t: &str, len: usize| -> Result<Vec<f32>> {
+                Ok(f.tensor(&name(t), &[len], kernels)?.to_vec())
+            };
+            let wq = w("attn_q.weight", &[qd, d])?;
+            let wk = w("attn_k.weight", &[kvd, d])?;
+            let wv = w("attn_v.weight", &[kvd, d])?;
+            let wo = w("attn_output.weight", &[d, qd])?;
+            let gate = w("ffn_gate.weight", &[ff, d])?;
+            let up = w("ffn_up.weight", &[ff, d])?;
+            let down = w("ffn_down.weight", &[d, ff])?;
+            let bias = |f: &mut GgufFile, t: &str, len: usize| -> Result<Option<Vec<f32>>> {
+                match f.has_tensor(&name(t)) {
+                    true => vector(f, t, len).map(Some),
+                    false => Ok(None),
+                }
             };
             layers.push(Layer {
-                attn_norm: f.tensor(&name("attn_norm.weight"), kernels)?.to_vec(),
-                wq: f.tensor(&name("attn_q.weight"), kernels)?,
-                wk: f.tensor(&name("attn_k.weight"), kernels)?,
-                wv: f.tensor(&name("attn_v.weight"), kernels)?,
-                bias_q: bias(f, "attn_q.bias")?,
-                bias_k: bias(f, "attn_k.bias")?,
-                bias_v: bias(f, "attn_v.bias")?,
-                wo: f.tensor(&name("attn_output.weight"), kernels)?,
-                ffn_norm: f.tensor(&name("ffn_norm.weight"), kernels)?.to_vec(),
-                gate: f.tensor(&name("ffn_gate.weight"), kernels)?,
-                up: f.tensor(&name("ffn_up.weight"), kernels)?,
-                down: f.tensor(&name("ffn_down.weight"), kernels)?,
+                attn_norm: vector(f, "attn_norm.weight", d)?,
+                wq,
+                wk,
+                wv,
+                bias_q: bias(f, "attn_q.bias", qd)?,
+                bias_k: bias(f, "attn_k.bias", kvd)?,
+                bias_v: bias(f, "attn_v.bias", kvd)?,
+                wo,
+                ffn_norm: vector(f, "ffn_norm.weight", d)?,
+                gate,
+                up,
+                down,
             });
         }
-        progress(config.layers, config.layers);
-        let out_norm = f.tensor("output_norm.weight", kernels)?.to_vec();
+        progress(c.layers, c.layers);
+        let out_norm = f.tensor("output_norm.weight", &[d], kernels)?.to_vec();
         let output = if f.has_tensor("output.weight") {
-            Some(f.tensor("output.weight", kernels)?)
+            Some(f.tensor("output.weight", &[c.vocab, d], kernels)?)
         } else {
             None
         };
@@ -229,7 +300,7 @@ impl Transformer {
             }
             time(Section::Embed, || w.embeddings.row(t as usize, row));
         }
-        let (qd, kvd, ffd) = (c.heads * hd, c.kv_heads * hd, w.layers[0].gate.rows());
+        let (qd, kvd, ffd) = (c.heads * hd, c.kv_heads * hd, c.feed_forward);
         let mut h = vec![0f32; m * d];
         let (mut q, mut k, mut v) = (vec![0f32; m * qd], vec![0f32; m * kvd], vec![0f32; m * kvd]);
         let mut att = vec![0f32; m * qd];
