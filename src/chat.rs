@@ -13,6 +13,17 @@ struct Message<'a> {
 /// Wraps `prompt` as one user turn (after an optional system turn) in the tokenizer's chat
 /// template, ending with the assistant's turn opened.
 pub fn apply(tokenizer: &Tokenizer, system: Option<&str>, prompt: &str) -> Result<String> {
+    let mut messages = Vec::new();
+    if let Some(s) = system {
+        messages.push(("system", s));
+    }
+    messages.push(("user", prompt));
+    render(tokenizer, &messages)
+}
+
+/// Renders a conversation of `(role, content)` turns in the tokenizer's chat template, ending
+/// with the assistant's turn opened.
+pub fn render(tokenizer: &Tokenizer, turns: &[(&str, &str)]) -> Result<String> {
     let template = tokenizer.chat_template().ok_or_else(|| {
         Error::ChatTemplate("the model has no chat template (tokenizer.chat_template)".into())
     })?;
@@ -28,17 +39,10 @@ pub fn apply(tokenizer: &Tokenizer, system: Option<&str>, prompt: &str) -> Resul
     );
     env.add_template("chat", template)
         .map_err(|e| Error::ChatTemplate(format!("cannot parse: {e}")))?;
-    let mut messages = Vec::new();
-    if let Some(s) = system {
-        messages.push(Message {
-            role: "system",
-            content: s,
-        });
-    }
-    messages.push(Message {
-        role: "user",
-        content: prompt,
-    });
+    let messages: Vec<Message> = turns
+        .iter()
+        .map(|&(role, content)| Message { role, content })
+        .collect();
     env.get_template("chat")
         .and_then(|t| {
             t.render(minijinja::context! {

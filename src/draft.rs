@@ -251,6 +251,8 @@ pub enum NodeKind {
     Model,
     Bigram,
     MaxGram,
+    /// Copies from text the client expects back (a server request's `prediction`).
+    Prediction,
     /// A reviewer model over an inner drafter: its reviews are a cascade level.
     Vertical,
     /// Parts of one draft from several drafters, in a fixed schedule.
@@ -268,6 +270,7 @@ impl NodeKind {
             NodeKind::Model => "model",
             NodeKind::Bigram => "bigram",
             NodeKind::MaxGram => "max_gram",
+            NodeKind::Prediction => "prediction",
             NodeKind::Vertical => "vertical",
             NodeKind::Horizontal => "horizontal",
             NodeKind::Adaptive => "adaptive",

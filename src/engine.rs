@@ -15,6 +15,8 @@ use crate::stream::TextStream;
 use crate::tokenizer::Tokenizer;
 use rand::SeedableRng;
 use serde::Serialize;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Instant;
 
 /// Whether `CASCADE_TRACE=1`: every round's draft, prediction and time on standard error.
@@ -34,6 +36,9 @@ pub struct GenerateOptions {
     /// Lenience of the target's review; 1 keeps the output exact.
     pub lenience: f32,
     pub stop: Vec<String>,
+    /// When set (by another thread), generation ends at the next round with
+    /// [`FinishReason::Cancelled`]: a server's client went away.
+    pub cancel: Option<Arc<AtomicBool>>,
 }
 
 impl Default for GenerateOptions {
@@ -45,6 +50,7 @@ impl Default for GenerateOptions {
             k: 4,
             lenience: 1.0,
             stop: Vec::new(),
+            cancel: None,
         }
     }
 }
@@ -60,6 +66,8 @@ pub enum FinishReason {
     Stop,
     /// The model's context is full.
     Context,
+    /// [`GenerateOptions::cancel`] was set.
+    Cancelled,
 }
 
 /// Counters of one generation.
@@ -246,6 +254,13 @@ impl Engine {
             }
             if context.len() >= max_len {
                 break FinishReason::Context;
+            }
+            if opts
+                .cancel
+                .as_ref()
+                .is_some_and(|c| c.load(Ordering::Relaxed))
+            {
+                break FinishReason::Cancelled;
             }
             // Never draft past max_new_tokens (the bonus token counts) or the target's context.
             let k = opts

@@ -50,6 +50,7 @@ mod profile;
 pub mod review;
 pub mod reviewer;
 pub mod sampling;
+pub mod server;
 pub mod stream;
 pub mod theory;
 pub mod tokenizer;

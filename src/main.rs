@@ -28,6 +28,9 @@ enum Command {
     /// Measure the forward costs of every model the configs name on this machine (adaptive
     /// drafting uses them) and store them in the cost cache.
     Calibrate(CalibrateArgs),
+    /// Serve the config's engine over HTTP with the OpenAI API (chat completions,
+    /// completions, predicted outputs, streaming), plus /health and /metrics.
+    Serve(cli::serve::ServeArgs),
     /// Bigram tables for the statistical drafters (bigram, Max-Gram).
     Ngram {
         #[command(subcommand)]
@@ -41,6 +44,7 @@ fn main() {
         Command::Bench(args) => cli::bench::bench_command(args).map(drop),
         Command::Plan(args) => cli::bench::plan(args),
         Command::Calibrate(args) => cli::bench::calibrate(args),
+        Command::Serve(args) => cli::serve::serve_command(args),
         Command::Ngram {
             command: NgramCommand::Build(args),
         } => cli::ngram::ngram_build(args),

@@ -3,6 +3,7 @@
 pub mod bench;
 pub mod generate;
 pub mod ngram;
+pub mod serve;
 
 use anyhow::Result;
 use cascade::config::{Plan, RawConfig};

@@ -207,6 +207,7 @@ impl RawConfig {
                 k: t.k,
                 lenience: t.lenience,
                 stop: self.generation.stop.clone(),
+                cancel: None,
             },
             chat: self.generation.chat,
             system: self.generation.system.clone(),

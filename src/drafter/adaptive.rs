@@ -31,6 +31,11 @@ impl AdaptiveCascade {
                 .collect(),
         }
     }
+
+    /// The parts, in order (to take back a drafter lent to a cascade for one request).
+    pub fn into_parts(self) -> Vec<Box<dyn Drafter>> {
+        self.parts.into_iter().map(|(d, _)| d).collect()
+    }
 }
 
 impl Drafter for AdaptiveCascade {

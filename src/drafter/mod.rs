@@ -9,6 +9,7 @@ mod bigram;
 mod horizontal;
 mod max_gram;
 mod neural;
+mod prediction;
 mod vertical;
 
 pub use crate::draft::{Draft, Drafter, NodeKind, NodeStats, Request};
@@ -17,4 +18,5 @@ pub use bigram::BigramDrafter;
 pub use horizontal::HorizontalCascade;
 pub use max_gram::{MaxGram, MaxGramDrafter, MaxGramPolicy};
 pub use neural::NeuralDrafter;
+pub use prediction::PredictionDrafter;
 pub use vertical::VerticalCascade;

@@ -1,0 +1,99 @@
+"""`cascade serve` against the official openai client (run by scripts/test-server.sh)."""
+
+import json
+import os
+import threading
+import time
+import urllib.error
+import urllib.request
+
+import openai
+
+BASE = os.environ["BASE"]
+client = openai.OpenAI(base_url=BASE, api_key="unused", max_retries=0, timeout=600)
+REF_HI = json.loads(os.environ["REF_HI"])["samples"][0]["text"]
+REF_PRIME = json.loads(os.environ["REF_PRIME"])["samples"][0]["text"]
+HI = "Write a haiku about speculative decoding."
+PRIME = "Write a Python function is_prime(n) with a docstring."
+
+
+def chat(prompt, n_tokens, **kw):
+    return client.chat.completions.create(
+        model="any", messages=[{"role": "user", "content": prompt}],
+        max_tokens=n_tokens, temperature=0, **kw)
+
+
+def check(name, ok, detail=""):
+    if not ok:
+        raise SystemExit(f"FAILED: {name} {detail}")
+    print(f"ok: {name}")
+
+
+# Greedy text equals the CLI's, streamed and whole.
+pieces = [c.choices[0].delta.content or "" for c in chat(HI, 48, stream=True) if c.choices]
+check("streamed greedy text equals cascade generate", "".join(pieces) == REF_HI,
+      repr(("".join(pieces), REF_HI)))
+whole = chat(HI, 48)
+check("whole greedy text equals cascade generate", whole.choices[0].message.content == REF_HI)
+extra = whole.usage.model_extra
+check("usage carries the speculative counters",
+      all(k in extra for k in ("drafted_tokens", "accepted_tokens", "target_calls")), str(extra))
+
+# Four concurrent clients each get their own greedy text (queue 3 + 1 running).
+results = {}
+def run(i, prompt, n):
+    results[i] = chat(prompt, n).choices[0].message.content
+threads = [threading.Thread(target=run, args=(i, *[(HI, 48), (PRIME, 96)][i % 2])) for i in range(4)]
+[t.start() for t in threads]
+[t.join() for t in threads]
+check("4 concurrent clients all answered correctly",
+      [results.get(i) for i in range(4)] == [REF_HI, REF_PRIME, REF_HI, REF_PRIME])
+
+# A burst beyond the queue gets 429, with an OpenAI-style error.
+codes = []
+def burst():
+    try:
+        chat(HI, 48)
+        codes.append(200)
+    except openai.RateLimitError as e:
+        codes.append(429)
+        check("429 body names the reason", "queue is full" in str(e.body), str(e.body))
+threads = [threading.Thread(target=burst) for _ in range(8)]
+[t.start() for t in threads]
+[t.join() for t in threads]
+check("a full queue answers 429", 429 in codes and 200 in codes, str(codes))
+
+# Malformed requests get 400 with a JSON error naming the field.
+def post(body):
+    req = urllib.request.Request(BASE + "/chat/completions", data=body.encode(),
+                                 headers={"content-type": "application/json"})
+    try:
+        urllib.request.urlopen(req)
+        return 200, None
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+for body, param in [('{"messages": [', None),
+                    ('{"messages": [{"role": "user", "content": "x"}], "temperature": "hot"}', "temperature"),
+                    ('{"messages": [{"role": "user", "content": "x"}], "top_p": 0}', "top_p"),
+                    ('{"messages": [{"role": "user", "content": "' + "word " * 40000 + '"}]}', "messages")]:
+    code, err = post(body)
+    check(f"400 for {body[:60]!r}", code == 400 and err["error"]["param"] == param, str((code, err)))
+
+# A client that leaves mid-stream frees the engine for the next request.
+stream = chat(PRIME, 2000, stream=True)
+next(iter(stream)); next(iter(stream))
+stream.close()
+start = time.time()
+check("after a disconnect the next request is served", chat(HI, 48).choices[0].message.content == REF_HI)
+check("the abandoned generation did not run on", time.time() - start < 60, f"{time.time() - start:.0f}s")
+metrics = urllib.request.urlopen(BASE.rsplit("/v1", 1)[0] + "/metrics").read().decode()
+cancelled = [l for l in metrics.splitlines() if l.startswith("cascade_requests_cancelled_total")]
+check("metrics count the cancelled request", cancelled and float(cancelled[0].split()[1]) >= 1, str(cancelled))
+
+# A prediction speeds up an edit: the answer mostly repeats it.
+plain = chat(PRIME, 96)
+predicted = chat(PRIME, 96, prediction={"type": "content", "content": REF_PRIME.replace("is_prime", "isPrime")})
+per_call = lambda r: r.usage.completion_tokens / r.usage.model_extra["target_calls"]
+check("a prediction leaves the greedy text unchanged", predicted.choices[0].message.content == REF_PRIME)
+check(f"a prediction gives >= 2x tokens per target call ({per_call(plain):.2f} -> {per_call(predicted):.2f})",
+      per_call(predicted) >= 2 * per_call(plain))

@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Checks `cascade serve` with the official `openai` Python client, installed from PyPI into a
+# throwaway virtual environment: greedy text equal to `cascade generate`'s (streamed and
+# whole), 4 concurrent clients, 429 on a full queue, 400 on malformed requests, a client
+# that disconnects mid-stream, a prediction that speeds up an edit, and exit 0 on SIGTERM.
+# Needs python3 with venv, the release build and the test models (scripts/fetch-models.sh).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+CASCADE=target/release/cascade
+CONFIG=${CONFIG:-configs/adaptive.toml}
+PORT=${PORT:-8187}
+venv=$(mktemp -d)
+log=$(mktemp)
+trap 'kill "${server:-0}" 2>/dev/null || true; rm -rf "$venv" "$log"' EXIT
+python3 -m venv "$venv"
+"$venv/bin/pip" install --quiet --disable-pip-version-check openai
+
+cargo build --release --quiet
+# The reference texts, from the CLI with the same prompts and settings.
+reference() { "$CASCADE" generate -c "$CONFIG" --chat -p "$1" -n "$2" -t 0 --json 2>/dev/null; }
+export REF_HI REF_PRIME
+REF_HI=$(reference "Write a haiku about speculative decoding." 48)
+REF_PRIME=$(reference "Write a Python function is_prime(n) with a docstring." 96)
+
+"$CASCADE" serve -c "$CONFIG" --port "$PORT" --queue 3 --grace 5 2>"$log" &
+server=$!
+for _ in $(seq 120); do
+    curl -sf "http://127.0.0.1:$PORT/health" >/dev/null && break
+    kill -0 "$server" 2>/dev/null || { cat "$log"; exit 1; }
+    sleep 1
+done
+BASE="http://127.0.0.1:$PORT/v1" "$venv/bin/python" scripts/server/client_test.py
+kill -TERM "$server"
+status=0
+wait "$server" || status=$?
+if [ "$status" -ne 0 ]; then
+    echo "the server exited with status $status after SIGTERM"; cat "$log"; exit 1
+fi
+echo "server test: all checks passed"

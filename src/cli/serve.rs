@@ -1,0 +1,54 @@
+//! `cascade serve`: the OpenAI-compatible server over a config's engine.
+
+use super::{build, label, load_plan};
+use anyhow::{bail, Result};
+use cascade::config::RawConfig;
+use cascade::model::ModelStore;
+use cascade::server::{serve, ServeOptions};
+use clap::Args;
+use std::path::PathBuf;
+use std::time::Duration;
+
+#[derive(Args)]
+pub struct ServeArgs {
+    /// TOML config naming the target, the drafter and the default settings.
+    #[arg(short, long, default_value = "configs/adaptive.toml")]
+    config: PathBuf,
+    #[arg(long, default_value = "127.0.0.1")]
+    host: String,
+    #[arg(long, default_value_t = 8080)]
+    port: u16,
+    /// Requests that may wait while one generates; more are answered 429.
+    #[arg(long, default_value_t = 16)]
+    queue: usize,
+    /// Seconds running requests may take after SIGINT/SIGTERM before they are cancelled.
+    #[arg(long, default_value_t = 30.0)]
+    grace: f64,
+}
+
+pub fn serve_command(args: ServeArgs) -> Result<()> {
+    if !(args.grace.is_finite() && args.grace >= 0.0) {
+        bail!(
+            "--grace must be a number of seconds >= 0, got {}",
+            args.grace
+        );
+    }
+    let raw = RawConfig::load(&args.config)?;
+    let plan = load_plan(&args.config, &raw)?;
+    if plan.options.lenience != 1.0 {
+        bail!("a server's output must be exactly the target's: lenience must be 1 at the target");
+    }
+    let engine = build(&plan, &mut ModelStore::default())?;
+    let opts = ServeOptions {
+        host: args.host,
+        port: args.port,
+        queue: args.queue,
+        grace: Duration::from_secs_f64(args.grace),
+        model: label(&args.config),
+    };
+    let model = opts.model.clone();
+    serve(engine, plan.options.clone(), opts, |addr| {
+        eprintln!("cascade: serving `{model}` on http://{addr} (OpenAI API under /v1)");
+    })?;
+    Ok(())
+}

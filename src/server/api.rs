@@ -1,0 +1,366 @@
+//! The OpenAI wire format: requests parsed and checked field by field, responses and
+//! stream chunks built, errors as OpenAI-style JSON.
+
+use crate::engine::{FinishReason, Generation};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+/// An error answered as `{"error": {"message", "type", "param", "code"}}`.
+#[derive(Debug)]
+pub struct ApiError {
+    pub status: StatusCode,
+    pub message: String,
+    pub param: Option<String>,
+}
+
+impl ApiError {
+    /// A 400 naming the offending field.
+    pub fn invalid(param: &str, message: impl Into<String>) -> Self {
+        Self {
+            status: StatusCode::BAD_REQUEST,
+            message: format!("{param}: {}", message.into()),
+            param: Some(param.to_string()),
+        }
+    }
+
+    pub fn new(status: StatusCode, message: impl Into<String>) -> Self {
+        Self {
+            status,
+            message: message.into(),
+            param: None,
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let kind = match self.status {
+            StatusCode::TOO_MANY_REQUESTS => "rate_limit_exceeded",
+            StatusCode::SERVICE_UNAVAILABLE => "server_shutting_down",
+            s if s.is_client_error() => "invalid_request_error",
+            _ => "server_error",
+        };
+        let body = json!({"error": {
+            "message": self.message, "type": kind, "param": self.param, "code": null,
+        }});
+        (self.status, axum::Json(body)).into_response()
+    }
+}
+
+/// Text given as a string or as an array of `{"type": "text", "text": ...}` parts.
+#[derive(Deserialize)]
+#[serde(untagged)]
+pub enum Content {
+    Text(String),
+    Parts(Vec<Part>),
+}
+
+#[derive(Deserialize)]
+pub struct Part {
+    #[serde(rename = "type")]
+    pub kind: String,
+    #[serde(default)]
+    pub text: String,
+}
+
+impl Content {
+    fn text(&self, at: &str) -> Result<String, ApiError> {
+        match self {
+            Content::Text(t) => Ok(t.clone()),
+            Content::Parts(parts) => parts
+                .iter()
+                .enumerate()
+                .map(|(i, p)| match p.kind.as_str() {
+                    "text" => Ok(p.text.as_str()),
+                    other => Err(ApiError::invalid(
+                        &format!("{at}[{i}].type"),
+                        format!("only text parts are supported, got `{other}`"),
+                    )),
+                })
+                .collect(),
+        }
+    }
+}
+
+#[derive(Deserialize)]
+pub struct Message {
+    pub role: String,
+    pub content: Content,
+}
+
+#[derive(Deserialize)]
+#[serde(untagged)]
+pub enum Stop {
+    One(String),
+    Many(Vec<String>),
+}
+
+#[derive(Deserialize)]
+pub struct Prediction {
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub content: Content,
+}
+
+#[derive(Deserialize)]
+pub struct StreamOptions {
+    #[serde(default)]
+    pub include_usage: bool,
+}
+
+/// The fields both endpoints share; unknown fields are ignored, as OpenAI clients send
+/// many this server has no use for.
+#[derive(Deserialize)]
+pub struct Common {
+    pub model: Option<String>,
+    pub max_tokens: Option<u64>,
+    pub max_completion_tokens: Option<u64>,
+    pub temperature: Option<f32>,
+    pub top_p: Option<f32>,
+    pub top_k: Option<usize>,
+    pub seed: Option<u64>,
+    pub stop: Option<Stop>,
+    pub n: Option<usize>,
+    #[serde(default)]
+    pub stream: bool,
+    pub stream_options: Option<StreamOptions>,
+    pub prediction: Option<Prediction>,
+}
+
+#[derive(Deserialize)]
+pub struct ChatRequest {
+    pub messages: Vec<Message>,
+}
+
+#[derive(Deserialize)]
+pub struct CompletionRequest {
+    pub prompt: Content,
+}
+
+/// Reads a JSON object body.
+pub fn body(bytes: &[u8]) -> Result<Value, ApiError> {
+    match serde_json::from_slice::<Value>(bytes) {
+        Ok(v) if v.is_object() => Ok(v),
+        Ok(_) => Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "the body must be a JSON object",
+        )),
+        Err(e) => Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            format!("malformed JSON body: {e}"),
+        )),
+    }
+}
+
+/// Reads the fields `T` knows from a body (others are ignored); a missing field or one of
+/// the wrong type is named by its path.
+pub fn parse<T: serde::de::DeserializeOwned>(body: &Value) -> Result<T, ApiError> {
+    serde_path_to_error::deserialize(body).map_err(|e| {
+        let path = e.path().to_string();
+        let inner = e.into_inner().to_string();
+        match path.as_str() {
+            "." => ApiError::new(StatusCode::BAD_REQUEST, inner),
+            _ => ApiError::invalid(&path, inner),
+        }
+    })
+}
+
+/// The checked settings of one request.
+pub struct Settings {
+    pub max_tokens: Option<usize>,
+    pub temperature: Option<f32>,
+    pub top_p: Option<f32>,
+    pub top_k: Option<usize>,
+    pub seed: Option<u64>,
+    pub stop: Vec<String>,
+    pub n: usize,
+    pub stream: bool,
+    pub include_usage: bool,
+    pub prediction: Option<String>,
+}
+
+/// The most choices one request may ask for.
+pub const MAX_N: usize = 8;
+
+impl Common {
+    pub fn settings(&self) -> Result<Settings, ApiError> {
+        let max_tokens = match (self.max_completion_tokens, self.max_tokens) {
+            (Some(m), _) => Some(("max_completion_tokens", m)),
+            (None, Some(m)) => Some(("max_tokens", m)),
+            (None, None) => None,
+        };
+        if let Some((field, m)) = max_tokens {
+            if m == 0 {
+                return Err(ApiError::invalid(field, "must be at least 1"));
+            }
+        }
+        if let Some(t) = self.temperature {
+            if !(0.0..=2.0).contains(&t) {
+                return Err(ApiError::invalid(
+                    "temperature",
+                    format!("must be between 0 and 2, got {t}"),
+                ));
+            }
+        }
+        if let Some(p) = self.top_p {
+            if !(p > 0.0 && p <= 1.0) {
+                return Err(ApiError::invalid(
+                    "top_p",
+                    format!("must be in (0, 1], got {p}"),
+                ));
+            }
+        }
+        let n = self.n.unwrap_or(1);
+        if !(1..=MAX_N).contains(&n) {
+            return Err(ApiError::invalid(
+                "n",
+                format!("must be between 1 and {MAX_N}, got {n}"),
+            ));
+        }
+        let stop = match &self.stop {
+            None => Vec::new(),
+            Some(Stop::One(s)) => vec![s.clone()],
+            Some(Stop::Many(v)) => v.clone(),
+        };
+        if stop.len() > 4 {
+            return Err(ApiError::invalid("stop", "at most 4 stop strings"));
+        }
+        if stop.iter().any(String::is_empty) {
+            return Err(ApiError::invalid("stop", "a stop string is empty"));
+        }
+        let prediction = match &self.prediction {
+            None => None,
+            Some(p) if p.kind == "content" => Some(p.content.text("prediction.content")?),
+            Some(p) => {
+                return Err(ApiError::invalid(
+                    "prediction.type",
+                    format!("must be \"content\", got `{}`", p.kind),
+                ))
+            }
+        };
+        Ok(Settings {
+            max_tokens: max_tokens.map(|(_, m)| m.min(usize::MAX as u64) as usize),
+            temperature: self.temperature,
+            top_p: self.top_p,
+            top_k: self.top_k,
+            seed: self.seed,
+            stop,
+            n,
+            stream: self.stream,
+            include_usage: self
+                .stream_options
+                .as_ref()
+                .is_some_and(|o| o.include_usage),
+            prediction,
+        })
+    }
+}
+
+impl ChatRequest {
+    /// The conversation as `(role, content)` turns.
+    pub fn turns(&self) -> Result<Vec<(String, String)>, ApiError> {
+        if self.messages.is_empty() {
+            return Err(ApiError::invalid(
+                "messages",
+                "must hold at least one message",
+            ));
+        }
+        self.messages
+            .iter()
+            .enumerate()
+            .map(|(i, m)| {
+                let role = match m.role.as_str() {
+                    "developer" => "system",
+                    r @ ("system" | "user" | "assistant") => r,
+                    other => {
+                        return Err(ApiError::invalid(
+                            &format!("messages[{i}].role"),
+                            format!("must be system, developer, user or assistant, got `{other}`"),
+                        ))
+                    }
+                };
+                Ok((
+                    role.to_string(),
+                    m.content.text(&format!("messages[{i}].content"))?,
+                ))
+            })
+            .collect()
+    }
+}
+
+impl CompletionRequest {
+    pub fn prompt(&self) -> Result<String, ApiError> {
+        self.prompt.text("prompt")
+    }
+}
+
+/// OpenAI's finish reasons.
+pub fn finish_reason(f: FinishReason) -> &'static str {
+    match f {
+        FinishReason::Length | FinishReason::Context => "length",
+        FinishReason::Eos | FinishReason::Stop | FinishReason::Cancelled => "stop",
+    }
+}
+
+/// The `usage` object, with the speculative counters beside OpenAI's.
+pub fn usage(prompt_tokens: usize, outs: &[Generation]) -> Value {
+    let sum = |f: fn(&Generation) -> usize| outs.iter().map(f).sum::<usize>();
+    let completion = sum(|g| g.stats.generated_tokens);
+    json!({
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion,
+        "total_tokens": prompt_tokens + completion,
+        "drafted_tokens": sum(|g| g.stats.drafted),
+        "accepted_tokens": sum(|g| g.stats.accepted),
+        "target_calls": sum(|g| g.stats.target_calls),
+    })
+}
+
+/// Which endpoint a response is for: the object names and the shape of a choice differ.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Endpoint {
+    Chat,
+    Completions,
+}
+
+impl Endpoint {
+    pub fn object(self, chunk: bool) -> &'static str {
+        match (self, chunk) {
+            (Endpoint::Chat, false) => "chat.completion",
+            (Endpoint::Chat, true) => "chat.completion.chunk",
+            (Endpoint::Completions, _) => "text_completion",
+        }
+    }
+
+    /// A whole choice of a non-streamed response.
+    pub fn choice(self, index: usize, g: &Generation) -> Value {
+        let reason = finish_reason(g.finish_reason);
+        match self {
+            Endpoint::Chat => json!({
+                "index": index, "finish_reason": reason, "logprobs": null,
+                "message": {"role": "assistant", "content": g.text},
+            }),
+            Endpoint::Completions => json!({
+                "index": index, "finish_reason": reason, "logprobs": null, "text": g.text,
+            }),
+        }
+    }
+
+    /// A streamed choice: a piece of text, or the end with its reason.
+    pub fn delta(self, index: usize, text: Option<&str>, reason: Option<&str>) -> Value {
+        match self {
+            Endpoint::Chat => {
+                let delta = match text {
+                    Some(t) => json!({"content": t}),
+                    None => json!({}),
+                };
+                json!({"index": index, "delta": delta, "finish_reason": reason, "logprobs": null})
+            }
+            Endpoint::Completions => json!({
+                "index": index, "text": text.unwrap_or(""), "finish_reason": reason, "logprobs": null,
+            }),
+        }
+    }
+}

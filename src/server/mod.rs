@@ -1,0 +1,400 @@
+//! `cascade serve`: an OpenAI-compatible HTTP server over one engine.
+//!
+//! axum on tokio answers HTTP; the engine runs on its own thread (see [`worker`]), fed FIFO
+//! through a bounded queue, so a full queue is a 429 and never unbounded memory. Text is
+//! streamed as server-sent events as the engine commits it, through the same
+//! [`TextStream`](crate::stream::TextStream) as the CLI, stop strings included. A request's
+//! `prediction` becomes a drafter at the front of the tree for that request only.
+
+pub mod api;
+pub mod metrics;
+pub mod worker;
+
+use crate::engine::{Engine, GenerateOptions, Generation};
+use crate::error::Result;
+use crate::tokenizer::Tokenizer;
+use api::{ApiError, Endpoint, Settings};
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::sse::{Event as Sse, KeepAlive};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use metrics::Metrics;
+use serde_json::{json, Value};
+use std::convert::Infallible;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::mpsc::{sync_channel, SyncSender, TrySendError};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
+use worker::{Event, Job};
+
+/// Where and how to serve.
+#[derive(Clone, Debug)]
+pub struct ServeOptions {
+    pub host: String,
+    pub port: u16,
+    /// Requests that may wait for the engine; more get 429.
+    pub queue: usize,
+    /// After SIGINT/SIGTERM, how long running requests may take before they are cancelled.
+    pub grace: Duration,
+    /// The model id `/v1/models` lists.
+    pub model: String,
+}
+
+/// What every handler shares.
+struct App {
+    jobs: SyncSender<Job>,
+    tokenizer: Tokenizer,
+    defaults: GenerateOptions,
+    context: usize,
+    model: String,
+    metrics: Arc<Metrics>,
+    next_id: AtomicU64,
+}
+
+/// Serves until SIGINT or SIGTERM; `ready` is called with the bound address.
+pub fn serve(
+    engine: Engine,
+    defaults: GenerateOptions,
+    opts: ServeOptions,
+    ready: impl FnOnce(std::net::SocketAddr),
+) -> Result<()> {
+    let (jobs, queue) = sync_channel(opts.queue);
+    let metrics = Arc::new(Metrics::default());
+    let abort = Arc::new(AtomicBool::new(false));
+    let app = Arc::new(App {
+        jobs,
+        tokenizer: engine.tokenizer.clone(),
+        context: engine.target().max_len(),
+        defaults,
+        model: opts.model.clone(),
+        metrics: metrics.clone(),
+        next_id: AtomicU64::new(1),
+    });
+    let engine_thread = {
+        let (metrics, abort) = (metrics.clone(), abort.clone());
+        std::thread::Builder::new()
+            .name("engine".into())
+            .spawn(move || worker::run(engine, queue, metrics, abort))?
+    };
+    let router = Router::new()
+        .route("/v1/chat/completions", post(chat))
+        .route("/v1/completions", post(completions))
+        .route("/v1/models", get(models))
+        .route("/health", get(|| async { Json(json!({"status": "ok"})) }))
+        .route("/metrics", get(render_metrics))
+        .with_state(app);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()?;
+    runtime.block_on(async move {
+        let listener = tokio::net::TcpListener::bind((opts.host.as_str(), opts.port))
+            .await
+            .map_err(|e| {
+                std::io::Error::new(
+                    e.kind(),
+                    format!("cannot listen on {}:{}: {e}", opts.host, opts.port),
+                )
+            })?;
+        ready(listener.local_addr()?);
+        let grace = opts.grace;
+        let shutdown = async move {
+            stop_signal().await;
+            eprintln!("cascade: stopping: no new requests; running ones get {grace:?}");
+            tokio::spawn(async move {
+                tokio::time::sleep(grace).await;
+                abort.store(true, Ordering::Relaxed);
+            });
+        };
+        axum::serve(listener, router)
+            .with_graceful_shutdown(shutdown)
+            .await
+    })?;
+    drop(runtime); // closes the queue: the engine thread ends after its job
+    let _ = engine_thread.join();
+    Ok(())
+}
+
+async fn stop_signal() {
+    let interrupt = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+            .expect("installing a SIGTERM handler");
+        tokio::select! { _ = interrupt => {}, _ = term.recv() => {} }
+    }
+    #[cfg(not(unix))]
+    let _ = interrupt.await;
+}
+
+async fn models(State(app): State<Arc<App>>) -> Json<Value> {
+    Json(json!({"object": "list", "data": [{
+        "id": app.model, "object": "model", "created": 0, "owned_by": "cascade",
+    }]}))
+}
+
+async fn render_metrics(State(app): State<Arc<App>>) -> impl IntoResponse {
+    (
+        [("content-type", "text/plain; version=0.0.4")],
+        app.metrics.render(),
+    )
+}
+
+async fn chat(State(app): State<Arc<App>>, body: Bytes) -> Response {
+    let arrived = Instant::now();
+    let run = || -> std::result::Result<_, ApiError> {
+        let body = api::body(&body)?;
+        let req: api::ChatRequest = api::parse(&body)?;
+        let settings = api::parse::<api::Common>(&body)?.settings()?;
+        let turns = req.turns()?;
+        let turns: Vec<(&str, &str)> = turns
+            .iter()
+            .map(|(r, c)| (r.as_str(), c.as_str()))
+            .collect();
+        let text = crate::chat::render(&app.tokenizer, &turns)
+            .map_err(|e| ApiError::invalid("messages", e.to_string()))?;
+        Ok((text, settings))
+    };
+    match run() {
+        Ok((text, settings)) => respond(app, Endpoint::Chat, &text, settings, arrived).await,
+        Err(e) => e.into_response(),
+    }
+}
+
+async fn completions(State(app): State<Arc<App>>, body: Bytes) -> Response {
+    let arrived = Instant::now();
+    let run = || -> std::result::Result<_, ApiError> {
+        let body = api::body(&body)?;
+        let req: api::CompletionRequest = api::parse(&body)?;
+        Ok((req.prompt()?, api::parse::<api::Common>(&body)?.settings()?))
+    };
+    match run() {
+        Ok((text, settings)) => respond(app, Endpoint::Completions, &text, settings, arrived).await,
+        Err(e) => e.into_response(),
+    }
+}
+
+/// Sets the cancel flag when dropped: the handler (or its stream) went away.
+struct CancelOnDrop(Arc<AtomicBool>);
+
+impl Drop for CancelOnDrop {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
+}
+
+/// Queues the job of a checked request and answers it, streamed or whole.
+async fn respond(
+    app: Arc<App>,
+    endpoint: Endpoint,
+    text: &str,
+    s: Settings,
+    arrived: Instant,
+) -> Response {
+    let encode = |t: &str, field: &str| {
+        app.tokenizer
+            .encode(t)
+            .map_err(|e| ApiError::invalid(field, e.to_string()))
+    };
+    let field = match endpoint {
+        Endpoint::Chat => "messages",
+        Endpoint::Completions => "prompt",
+    };
+    let prompt = match encode(text, field) {
+        Ok(p) if p.is_empty() => return ApiError::invalid(field, "the prompt is empty").into_response(),
+        Ok(p) if p.len() >= app.context => {
+            return ApiError::invalid(
+                field,
+                format!("the prompt has {} tokens but the context holds {}, with room for at least one new token needed", p.len(), app.context),
+            )
+            .into_response()
+        }
+        Ok(p) => p,
+        Err(e) => return e.into_response(),
+    };
+    let prediction = match &s.prediction {
+        Some(p) => match app.tokenizer.encode_plain(p) {
+            Ok(t) => Some(t),
+            Err(e) => {
+                return ApiError::invalid("prediction.content", e.to_string()).into_response()
+            }
+        },
+        None => None,
+    };
+    let cancel = Arc::new(AtomicBool::new(false));
+    let mut opts = app.defaults.clone();
+    opts.max_new_tokens = s
+        .max_tokens
+        .unwrap_or(opts.max_new_tokens)
+        .min(app.context - prompt.len());
+    opts.sampling.temperature = s.temperature.unwrap_or(opts.sampling.temperature);
+    opts.sampling.top_p = s.top_p.unwrap_or(opts.sampling.top_p);
+    opts.sampling.top_k = s.top_k.unwrap_or(opts.sampling.top_k);
+    opts.seed = s.seed.unwrap_or(opts.seed);
+    opts.stop = s.stop.clone();
+    opts.cancel = Some(cancel.clone());
+    let (events, rx) = unbounded_channel();
+    let prompt_tokens = prompt.len();
+    let job = Job {
+        prompt,
+        opts,
+        n: s.n,
+        prediction,
+        events,
+    };
+    app.metrics.queued.fetch_add(1, Ordering::Relaxed);
+    match app.jobs.try_send(job) {
+        Ok(()) => {}
+        Err(e) => {
+            app.metrics.queued.fetch_sub(1, Ordering::Relaxed);
+            let (status, message) = match e {
+                TrySendError::Full(_) => {
+                    app.metrics.rejected();
+                    (
+                        StatusCode::TOO_MANY_REQUESTS,
+                        "the request queue is full; retry later",
+                    )
+                }
+                TrySendError::Disconnected(_) => {
+                    (StatusCode::SERVICE_UNAVAILABLE, "the engine has stopped")
+                }
+            };
+            return ApiError::new(status, message).into_response();
+        }
+    }
+    let id = app.next_id.fetch_add(1, Ordering::Relaxed);
+    let head = Head {
+        id: match endpoint {
+            Endpoint::Chat => format!("chatcmpl-{id}"),
+            Endpoint::Completions => format!("cmpl-{id}"),
+        },
+        created: SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs()),
+        model: app.model.clone(),
+        endpoint,
+    };
+    let guard = CancelOnDrop(cancel);
+    if s.stream {
+        stream(app, head, rx, s, prompt_tokens, guard, arrived)
+    } else {
+        whole(app, head, rx, s.n, prompt_tokens, guard, arrived).await
+    }
+}
+
+/// The fields every response and chunk of one request repeats.
+struct Head {
+    id: String,
+    created: u64,
+    model: String,
+    endpoint: Endpoint,
+}
+
+impl Head {
+    fn wrap(&self, chunk: bool, choices: Vec<Value>) -> Value {
+        json!({
+            "id": self.id, "object": self.endpoint.object(chunk), "created": self.created,
+            "model": self.model, "choices": choices,
+        })
+    }
+}
+
+async fn whole(
+    app: Arc<App>,
+    head: Head,
+    mut rx: UnboundedReceiver<Event>,
+    n: usize,
+    prompt_tokens: usize,
+    _guard: CancelOnDrop,
+    arrived: Instant,
+) -> Response {
+    let mut outs: Vec<Generation> = Vec::with_capacity(n);
+    while let Some(event) = rx.recv().await {
+        match event {
+            Event::Text { .. } => {}
+            Event::Done { generation, .. } => outs.push(*generation),
+            Event::Failed(message) => {
+                return ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, message).into_response()
+            }
+        }
+    }
+    if outs.len() < n {
+        return ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "the server is shutting down",
+        )
+        .into_response();
+    }
+    let choices = outs
+        .iter()
+        .enumerate()
+        .map(|(i, g)| head.endpoint.choice(i, g))
+        .collect();
+    let mut body = head.wrap(false, choices);
+    body["usage"] = api::usage(prompt_tokens, &outs);
+    app.metrics.answered(arrived.elapsed().as_secs_f64());
+    Json(body).into_response()
+}
+
+fn stream(
+    app: Arc<App>,
+    head: Head,
+    mut rx: UnboundedReceiver<Event>,
+    s: Settings,
+    prompt_tokens: usize,
+    guard: CancelOnDrop,
+    arrived: Instant,
+) -> Response {
+    let (tx, sse) = unbounded_channel::<std::result::Result<Sse, Infallible>>();
+    tokio::spawn(async move {
+        let _guard = guard; // the client leaving drops `sse`, ends this task, cancels the job
+        let send = |v: Value| tx.send(Ok(Sse::default().data(v.to_string()))).is_ok();
+        if head.endpoint == Endpoint::Chat {
+            let opened = (0..s.n)
+                .map(|i| json!({"index": i, "delta": {"role": "assistant", "content": ""}, "finish_reason": null, "logprobs": null}))
+                .collect();
+            if !send(head.wrap(true, opened)) {
+                return;
+            }
+        }
+        let mut outs = Vec::new();
+        while let Some(event) = rx.recv().await {
+            let sent = match event {
+                Event::Text { index, text } => {
+                    send(head.wrap(true, vec![head.endpoint.delta(index, Some(&text), None)]))
+                }
+                Event::Done { index, generation } => {
+                    let reason = api::finish_reason(generation.finish_reason);
+                    outs.push(*generation);
+                    send(head.wrap(true, vec![head.endpoint.delta(index, None, Some(reason))]))
+                }
+                Event::Failed(message) => {
+                    send(
+                        json!({"error": {"message": message, "type": "server_error", "param": null, "code": null}}),
+                    );
+                    return;
+                }
+            };
+            if !sent {
+                return;
+            }
+        }
+        if outs.len() < s.n {
+            return; // cancelled at shutdown: the stream ends without [DONE]
+        }
+        if s.include_usage {
+            let mut last = head.wrap(true, Vec::new());
+            last["usage"] = api::usage(prompt_tokens, &outs);
+            send(last);
+        }
+        let _ = tx.send(Ok(Sse::default().data("[DONE]")));
+        app.metrics.answered(arrived.elapsed().as_secs_f64());
+    });
+    axum::response::Sse::new(tokio_stream::wrappers::UnboundedReceiverStream::new(sse))
+        .keep_alive(KeepAlive::default())
+        .into_response()
+}

@@ -1,0 +1,141 @@
+//! The engine thread: requests come in FIFO through a bounded channel, one generation runs at
+//! a time, and text goes back to the request's handler as it is committed.
+
+use super::metrics::Metrics;
+use crate::draft::{Draft, Drafter, NodeStats, Request};
+use crate::drafter::{AdaptiveCascade, PredictionDrafter};
+use crate::engine::{Engine, FinishReason, GenerateOptions, Generation};
+use crate::error::Result;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::Receiver;
+use std::sync::{Arc, Mutex};
+use tokio::sync::mpsc::UnboundedSender;
+
+/// One request's work.
+pub struct Job {
+    pub prompt: Vec<u32>,
+    /// Its options; `cancel` is set when the client goes away.
+    pub opts: GenerateOptions,
+    /// Number of choices: seeds `opts.seed..opts.seed + n`.
+    pub n: usize,
+    /// Tokens of the text the client expects back.
+    pub prediction: Option<Vec<u32>>,
+    pub events: UnboundedSender<Event>,
+}
+
+/// What the engine thread reports about a job.
+pub enum Event {
+    Text {
+        index: usize,
+        text: String,
+    },
+    Done {
+        index: usize,
+        generation: Box<Generation>,
+    },
+    Failed(String),
+}
+
+/// The config's drafter, lent to each request's tree (alone, or behind a prediction).
+struct Lent {
+    name: String,
+    drafter: Arc<Mutex<Box<dyn Drafter>>>,
+}
+
+impl Lent {
+    fn new(drafter: &Arc<Mutex<Box<dyn Drafter>>>) -> Self {
+        let name = drafter
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .name()
+            .to_string();
+        Self {
+            name,
+            drafter: drafter.clone(),
+        }
+    }
+
+    fn with<R>(&self, f: impl FnOnce(&mut Box<dyn Drafter>) -> R) -> R {
+        f(&mut self.drafter.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+}
+
+impl Drafter for Lent {
+    fn name(&self) -> &str {
+        &self.name
+    }
+    fn draft(&mut self, context: &[u32], request: &mut Request) -> Result<Draft> {
+        self.with(|d| d.draft(context, request))
+    }
+    fn commit(&mut self, context: &[u32]) {
+        self.with(|d| d.commit(context))
+    }
+    fn start(&mut self, prompt: &[u32]) -> Result<()> {
+        self.with(|d| d.start(prompt))
+    }
+    fn stats(&self) -> NodeStats {
+        self.with(|d| d.stats())
+    }
+}
+
+/// Runs jobs until the channel closes. `abort` cancels whatever runs (shutdown's grace
+/// period is over).
+pub fn run(mut engine: Engine, jobs: Receiver<Job>, metrics: Arc<Metrics>, abort: Arc<AtomicBool>) {
+    let base = engine.drafter.take().map(|d| Arc::new(Mutex::new(d)));
+    while let Ok(job) = jobs.recv() {
+        metrics.queued.fetch_sub(1, Ordering::Relaxed);
+        if job.events.is_closed() {
+            metrics.cancelled();
+            continue;
+        }
+        let lent = base
+            .as_ref()
+            .map(|b| Box::new(Lent::new(b)) as Box<dyn Drafter>);
+        engine.drafter = match &job.prediction {
+            None => lent,
+            Some(p) => {
+                let pred = Box::new(PredictionDrafter::new("prediction", p.clone(), 32));
+                Some(match lent {
+                    None => pred,
+                    Some(l) => Box::new(AdaptiveCascade::new("prediction+drafter", vec![pred, l])),
+                })
+            }
+        };
+        for index in 0..job.n {
+            let mut opts = job.opts.clone();
+            opts.seed = opts.seed.wrapping_add(index as u64);
+            let cancel = opts.cancel.clone().unwrap_or_default();
+            let events = &job.events;
+            let out = engine.generate(&job.prompt, &opts, &mut |piece| {
+                if events.is_closed() || abort.load(Ordering::Relaxed) {
+                    cancel.store(true, Ordering::Relaxed);
+                } else if !piece.is_empty() {
+                    let _ = events.send(Event::Text {
+                        index,
+                        text: piece.to_string(),
+                    });
+                }
+            });
+            match out {
+                Ok(g) if g.finish_reason == FinishReason::Cancelled => {
+                    metrics.generated(&g);
+                    metrics.cancelled();
+                    break;
+                }
+                Ok(g) => {
+                    metrics.generated(&g);
+                    let _ = events.send(Event::Done {
+                        index,
+                        generation: Box::new(g),
+                    });
+                }
+                Err(e) => {
+                    metrics.failed();
+                    let _ = events.send(Event::Failed(e.to_string()));
+                    break;
+                }
+            }
+        }
+        engine.drafter = None;
+    }
+}
