@@ -39,6 +39,9 @@ pub struct GenerateOptions {
     /// When set (by another thread), generation ends at the next round with
     /// [`FinishReason::Cancelled`]: a server's client went away.
     pub cancel: Option<Arc<AtomicBool>>,
+    /// Keep generating past end-of-sequence tokens (they are then part of the output):
+    /// for benchmarks of long runs.
+    pub ignore_eos: bool,
 }
 
 impl Default for GenerateOptions {
@@ -51,6 +54,7 @@ impl Default for GenerateOptions {
             lenience: 1.0,
             stop: Vec::new(),
             cancel: None,
+            ignore_eos: false,
         }
     }
 }
@@ -295,7 +299,7 @@ impl Engine {
             }
             for token in round.tokens {
                 context.push(token);
-                if self.tokenizer.is_eos(token) {
+                if self.tokenizer.is_eos(token) && !opts.ignore_eos {
                     break 'rounds FinishReason::Eos;
                 }
                 generated.push(token);

@@ -49,6 +49,9 @@ pub struct GenerateArgs {
     /// Stop when this text appears (repeatable); the output ends before it.
     #[arg(long)]
     stop: Vec<String>,
+    /// Keep generating past end-of-sequence tokens (for long-run measurements).
+    #[arg(long)]
+    ignore_eos: bool,
     /// Print one JSON document (ids, text, counters) instead of streaming text.
     #[arg(long)]
     json: bool,
@@ -126,6 +129,7 @@ pub fn generate(args: GenerateArgs) -> Result<()> {
     for i in 0..args.num_samples as u64 {
         let mut opts = plan.options.clone();
         opts.seed += i;
+        opts.ignore_eos = args.ignore_eos;
         let mut stdout = std::io::stdout().lock();
         let out = engine.generate(&prompt, &opts, &mut |piece| {
             if !args.json {

@@ -208,6 +208,7 @@ impl RawConfig {
                 lenience: t.lenience,
                 stop: self.generation.stop.clone(),
                 cancel: None,
+                ignore_eos: false,
             },
             chat: self.generation.chat,
             system: self.generation.system.clone(),

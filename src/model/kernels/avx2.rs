@@ -45,7 +45,7 @@ pub(super) unsafe fn matmul<B: Block + Sync>(
 ) {
     let kb = k.div_ceil(QK);
     assert!(w.len() >= n * kb && lhs.len() == m * k);
-    let acts = ActBlock::quantize(lhs, m, k);
+    let acts = ActBlock::quantize(lhs, m, k, B::PER32);
     for_each_output(m, n, dst, |js, r0, rows, out| {
         // SAFETY: the caller guarantees the CPU features; `js` is within the `n` rows of `w`
         // (checked above) and rows `r0..r0 + rows` within the `m` quantized rows.
@@ -53,31 +53,37 @@ pub(super) unsafe fn matmul<B: Block + Sync>(
     });
 }
 
-/// 256 activations quantized to 8 bits with one scale, in the kernel layout (as the AVX-512
-/// kernels quantize them), with the integer sum of each 16-value group and the sum of each
-/// 32 values times the scale (for mins and offsets).
+/// 256 activations quantized to 8 bits, in the kernel layout, with the integer sum of each
+/// 16-value group and the sum of each 32 values times its scale (for mins and offsets).
+///
+/// Formats with one weight scale per 256 values (Q4_K, Q6_K) take one activation scale per
+/// block, as the AVX-512 kernels and candle's Q8_K do. Formats with one scale per 32 (Q4_0,
+/// Q4_1, Q5_0, Q8_0) take one per 32 values, as llama.cpp's Q8_0 and Q8_1 do: an outlier
+/// activation then coarsens only its own 32 values, not all 256.
 #[repr(C, align(32))]
 pub(super) struct ActBlock {
     qs: [i8; QK],
     bsums: [i16; 16],
     sums32: [f32; 8],
+    /// The scale of each 32 values in [`PAIRED`] order (all `d` with one scale per block).
+    dp: [f32; 8],
     d: f32,
 }
 
 impl ActBlock {
     /// Quantizes `m` rows of `k` values, block by block (a row's last block padded with zeros,
-    /// as the weights are).
+    /// as the weights are), with one scale per 32 values if `per32`, else one per block.
     ///
     /// # Safety
     /// The CPU must have AVX2.
-    unsafe fn quantize(lhs: &[f32], m: usize, k: usize) -> Vec<ActBlock> {
+    unsafe fn quantize(lhs: &[f32], m: usize, k: usize, per32: bool) -> Vec<ActBlock> {
         let mut out = Vec::with_capacity(m * k.div_ceil(QK));
         for row in lhs.chunks_exact(k) {
             for x in row.chunks(QK) {
                 let mut padded = [0f32; QK];
                 padded[..x.len()].copy_from_slice(x);
                 // SAFETY: the caller guarantees the CPU features.
-                out.push(unsafe { Self::quantize_block(&padded) });
+                out.push(unsafe { Self::quantize_block(&padded, per32) });
             }
         }
         out
@@ -86,27 +92,37 @@ impl ActBlock {
     /// # Safety
     /// The CPU must have AVX2.
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn quantize_block(x: &[f32; QK]) -> ActBlock {
+    unsafe fn quantize_block(x: &[f32; QK], per32: bool) -> ActBlock {
         let p = x.as_ptr();
         let sign = _mm256_set1_ps(-0.0);
-        let mut amax = _mm256_setzero_ps();
-        for i in 0..QK / 8 {
-            amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign, _mm256_loadu_ps(p.add(8 * i))));
-        }
-        let lanes: [f32; 8] = std::mem::transmute(amax);
-        let amax = lanes.into_iter().fold(0f32, f32::max);
+        // The largest magnitude of each 32 values (max is exact, so the block's is theirs).
+        let amax32: [f32; 8] = std::array::from_fn(|s| {
+            let mut m = _mm256_setzero_ps();
+            for i in 0..4 {
+                let v = _mm256_loadu_ps(p.add(32 * s + 8 * i));
+                m = _mm256_max_ps(m, _mm256_andnot_ps(sign, v));
+            }
+            let lanes: [f32; 8] = std::mem::transmute(m);
+            lanes.into_iter().fold(0f32, f32::max)
+        });
+        let amax = amax32.into_iter().fold(0f32, f32::max);
+        let amax32 = if per32 { amax32 } else { [amax; 8] };
+        let d32 = amax32.map(|a| a / 127.0);
         let mut block = ActBlock {
             qs: [0; QK],
             bsums: [0; 16],
             sums32: [0.0; 8],
+            dp: PAIRED.map(|i| d32[i as usize]),
             d: amax / 127.0,
         };
-        if amax == 0.0 {
-            return block;
-        }
-        // Rounds to nearest, ties to even (the default MXCSR mode), as the AVX-512 kernels do.
-        let iscale = _mm256_set1_ps(127.0 / amax);
         for g in 0..16 {
+            let amax = amax32[g / 2];
+            if amax == 0.0 {
+                continue; // all zeros
+            }
+            // Rounds to nearest, ties to even (the default MXCSR mode), as the AVX-512
+            // kernels do.
+            let iscale = _mm256_set1_ps(127.0 / amax);
             let q = |o: usize| _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(p.add(o)), iscale));
             let q: [i32; 16] = std::mem::transmute([q(16 * g), q(16 * g + 8)]);
             // Group g is lane g of the four vectors: values 16g + 4z.. in vector z.
@@ -117,7 +133,7 @@ impl ActBlock {
         }
         for (s, sum) in block.sums32.iter_mut().enumerate() {
             let ints = block.bsums[2 * s] as i32 + block.bsums[2 * s + 1] as i32;
-            *sum = ints as f32 * block.d;
+            *sum = ints as f32 * d32[s];
         }
         block
     }
@@ -130,6 +146,8 @@ pub(super) trait Block {
     const SIGNED: bool = false;
     /// Consecutive vectors whose 16-bit products can be added before widening (1, 2 or 4).
     const SPAN: usize;
+    /// One weight scale per 32 values: activations take one per 32 too ([`ActBlock`]).
+    const PER32: bool = false;
     /// Per-block scales, unpacked once for all activation rows.
     type Scales;
 
@@ -188,14 +206,18 @@ unsafe fn f16x8(d: &[u16; 8]) -> __m256 {
     _mm256_cvtph_ps(_mm_loadu_si128(d.as_ptr() as *const _))
 }
 
-/// `acc + Σ scale · a.d · sums - Σ offset · a.sums32` for formats with one scale per 32.
+/// `acc + Σ scale · a.dp · sums - Σ offset · a.sums32` for formats with one scale per 32.
 ///
 /// # Safety
 /// The CPU must have AVX2 and FMA.
 #[inline(always)]
 unsafe fn finish32(s: &Scales32, sums: [__m256i; 2], a: &ActBlock, acc: __m256) -> __m256 {
     let ints = _mm256_cvtepi32_ps(_mm256_hadd_epi32(sums[0], sums[1]));
-    let acc = _mm256_fmadd_ps(ints, _mm256_mul_ps(s.scale, _mm256_set1_ps(a.d)), acc);
+    let acc = _mm256_fmadd_ps(
+        ints,
+        _mm256_mul_ps(s.scale, _mm256_load_ps(a.dp.as_ptr())),
+        acc,
+    );
     _mm256_fnmadd_ps(_mm256_load_ps(a.sums32.as_ptr()), s.offset, acc)
 }
 
@@ -326,6 +348,7 @@ impl Block for PackedQ6K {
 }
 
 impl Block for PackedQ5_0Planes {
+    const PER32: bool = true;
     // Values 0..32: four vectors of products fit in 16 bits.
     const SPAN: usize = 4;
     type Scales = Scales32;
@@ -370,6 +393,7 @@ impl Block for PackedQ5_0Planes {
 }
 
 impl Block for PackedQ8_0 {
+    const PER32: bool = true;
     const SIGNED: bool = true;
     const SPAN: usize = 1;
     type Scales = __m256;
@@ -392,11 +416,16 @@ impl Block for PackedQ8_0 {
     #[inline(always)]
     unsafe fn finish(scale: &__m256, sums: [__m256i; 2], a: &ActBlock, acc: __m256) -> __m256 {
         let ints = _mm256_cvtepi32_ps(_mm256_hadd_epi32(sums[0], sums[1]));
-        _mm256_fmadd_ps(ints, _mm256_mul_ps(*scale, _mm256_set1_ps(a.d)), acc)
+        _mm256_fmadd_ps(
+            ints,
+            _mm256_mul_ps(*scale, _mm256_load_ps(a.dp.as_ptr())),
+            acc,
+        )
     }
 }
 
 impl Block for PackedQ4_0 {
+    const PER32: bool = true;
     const SPAN: usize = 4;
     type Scales = Scales32;
 
@@ -422,6 +451,7 @@ impl Block for PackedQ4_0 {
 }
 
 impl Block for PackedQ4_1 {
+    const PER32: bool = true;
     const SPAN: usize = 4;
     type Scales = Scales32;
 
