@@ -11,7 +11,7 @@ CONFIG=${CONFIG:-configs/adaptive.toml}
 PORT=${PORT:-8187}
 venv=$(mktemp -d)
 log=$(mktemp)
-trap 'kill "${server:-0}" 2>/dev/null || true; rm -rf "$venv" "$log"' EXIT
+trap 'kill "${server:-0}" "${plain_server:-0}" 2>/dev/null || true; rm -rf "$venv" "$log"' EXIT
 python3 -m venv "$venv"
 "$venv/bin/pip" install --quiet --disable-pip-version-check openai
 
@@ -22,18 +22,32 @@ export REF_HI REF_PRIME
 REF_HI=$(reference "Write a haiku about speculative decoding." 48)
 REF_PRIME=$(reference "Write a Python function is_prime(n) with a docstring." 96)
 
-"$CASCADE" serve -c "$CONFIG" --port "$PORT" --queue 3 --grace 5 2>"$log" &
-server=$!
-for _ in $(seq 120); do
-    curl -sf "http://127.0.0.1:$PORT/health" >/dev/null && break
-    kill -0 "$server" 2>/dev/null || { cat "$log"; exit 1; }
-    sleep 1
-done
-BASE="http://127.0.0.1:$PORT/v1" "$venv/bin/python" scripts/server/client_test.py
-kill -TERM "$server"
-status=0
-wait "$server" || status=$?
-if [ "$status" -ne 0 ]; then
-    echo "the server exited with status $status after SIGTERM"; cat "$log"; exit 1
-fi
+# start PORT CONFIG: a server in the background, waited for until it answers.
+start() {
+    "$CASCADE" serve -c "$2" --port "$1" --queue 3 --grace 5 2>>"$log" &
+    pid=$!
+    for _ in $(seq 120); do
+        curl -sf "http://127.0.0.1:$1/health" >/dev/null && return
+        kill -0 "$pid" 2>/dev/null || { cat "$log"; exit 1; }
+        sleep 1
+    done
+}
+# stop PID: SIGTERM must end the server with status 0.
+stop() {
+    kill -TERM "$1"
+    status=0
+    wait "$1" || status=$?
+    if [ "$status" -ne 0 ]; then
+        echo "the server exited with status $status after SIGTERM"; cat "$log"; exit 1
+    fi
+}
+start "$PORT" "$CONFIG"; server=$pid
+# The prediction's effect is measured against a server without a drafter of its own, where
+# tokens per target call are 1 without a prediction (the default config's 0.5B may already
+# predict a plain code answer well, leaving nothing to compare).
+start $((PORT + 1)) configs/autoregressive.toml; plain_server=$pid
+BASE="http://127.0.0.1:$PORT/v1" BASE_PLAIN="http://127.0.0.1:$((PORT + 1))/v1" \
+    "$venv/bin/python" scripts/server/client_test.py
+stop "$plain_server"
+stop "$server"
 echo "server test: all checks passed"

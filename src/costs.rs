@@ -29,6 +29,7 @@ pub const MEASURED: [usize; 8] = [1, 2, 3, 4, 6, 8, 12, 16];
 pub const CONTEXT: usize = 64;
 /// The longer context measured for the context term, and the lengths measured there.
 pub const LONG_CONTEXT: usize = 384;
+/// The forward lengths measured at the longer context.
 pub const MEASURED_LONG: [usize; 3] = [1, 4, 16];
 
 impl ForwardCost {
@@ -222,6 +223,7 @@ impl CostCache {
         })
     }
 
+    /// The cache file.
     pub fn path(&self) -> &Path {
         &self.path
     }

@@ -20,6 +20,7 @@ pub struct Draft {
 }
 
 impl Draft {
+    /// An empty draft.
     pub fn new() -> Self {
         Self::default()
     }
@@ -36,18 +37,22 @@ impl Draft {
         self.dists.extend(other.dists);
     }
 
+    /// The drafted tokens.
     pub fn tokens(&self) -> &[u32] {
         &self.tokens
     }
 
+    /// The distribution each token was drawn from.
     pub fn dists(&self) -> &[Dist] {
         &self.dists
     }
 
+    /// Number of drafted tokens.
     pub fn len(&self) -> usize {
         self.tokens.len()
     }
 
+    /// Whether nothing was drafted.
     pub fn is_empty(&self) -> bool {
         self.tokens.is_empty()
     }
@@ -102,10 +107,12 @@ impl<'a> Request<'a> {
         self.cap - self.used
     }
 
+    /// The sampling settings drafts are drawn with.
     pub fn sampling(&self) -> &Sampling {
         self.sampling
     }
 
+    /// The generator a drafter draws its randomness from.
     pub fn rng(&mut self) -> &mut Rng {
         self.rng
     }
@@ -249,7 +256,9 @@ pub trait Drafter: Send {
 pub enum NodeKind {
     /// A neural model drafting token by token.
     Model,
+    /// A bigram table.
     Bigram,
+    /// Max-Gram.
     MaxGram,
     /// Copies from text the client expects back (a server request's `prediction`).
     Prediction,
@@ -288,7 +297,9 @@ impl Serialize for NodeKind {
 /// Counters of one node of a drafter tree, since the sequence started.
 #[derive(Clone, Debug, Serialize)]
 pub struct NodeStats {
+    /// The node's name.
     pub name: String,
+    /// What the node is.
     pub kind: NodeKind,
     /// This node's own model (its instance name), if it has one.
     pub model: Option<String>,
@@ -300,6 +311,7 @@ pub struct NodeStats {
     /// For a reviewing node with adaptive drafting: its reviews by confidence bucket.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub acceptance_by_confidence: Vec<SourceBuckets>,
+    /// The counters of the nodes under this one.
     pub children: Vec<NodeStats>,
 }
 

@@ -28,13 +28,17 @@ pub(crate) fn trace() -> bool {
 /// Per-call generation settings.
 #[derive(Clone, Debug)]
 pub struct GenerateOptions {
+    /// Most tokens generated.
     pub max_new_tokens: usize,
+    /// How tokens are sampled.
     pub sampling: Sampling,
+    /// Seed of the sampling generator.
     pub seed: u64,
     /// Draft length requested from the drafter per target call.
     pub k: usize,
     /// Lenience of the target's review; 1 keeps the output exact.
     pub lenience: f32,
+    /// Stop strings: the output ends before the first that appears.
     pub stop: Vec<String>,
     /// When set (by another thread), generation ends at the next round with
     /// [`FinishReason::Cancelled`]: a server's client went away.
@@ -59,6 +63,7 @@ impl Default for GenerateOptions {
     }
 }
 
+/// Why a generation ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum FinishReason {
@@ -77,22 +82,30 @@ pub enum FinishReason {
 /// Counters of one generation.
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct Stats {
+    /// Prompt length in tokens.
     pub prompt_tokens: usize,
+    /// Tokens generated.
     pub generated_tokens: usize,
     /// Target forward passes after the prompt (one per round).
     pub target_calls: usize,
+    /// Tokens drafted for the target's review.
     pub drafted: usize,
+    /// Drafted tokens the target accepted.
     pub accepted: usize,
     /// The target's reviews by draft position (one per round).
     #[serde(flatten)]
     pub reviews: ReviewCounts,
+    /// Prompt processing time.
     pub prefill_seconds: f64,
+    /// Generation time after the prompt.
     pub decode_seconds: f64,
     /// With adaptive drafting: the rounds' expected tokens and seconds as the cost model
     /// predicted them when each draft was made, and what plain decoding of those tokens would
     /// take (sums over rounds).
     pub predicted_tokens: f64,
+    /// Predicted seconds of the rounds (adaptive drafting).
     pub predicted_seconds: f64,
+    /// Predicted seconds of plain decoding of the same tokens (adaptive drafting).
     pub predicted_decode_seconds: f64,
     /// With adaptive drafting: the target's reviews of each drafter by confidence bucket.
     #[serde(skip_serializing_if = "Vec::is_empty")]
@@ -102,7 +115,9 @@ pub struct Stats {
 /// A drafter's reviews at one level, by confidence bucket.
 #[derive(Clone, Debug, Default, Serialize, serde::Deserialize, PartialEq)]
 pub struct SourceBuckets {
+    /// The drafter's name.
     pub drafter: String,
+    /// Its reviews by confidence bucket.
     pub buckets: Vec<BucketCount>,
 }
 
@@ -157,8 +172,11 @@ impl Stats {
 pub struct Generation {
     /// Generated token ids (an end-of-sequence token is not included).
     pub tokens: Vec<u32>,
+    /// The generated text, cut before a stop string.
     pub text: String,
+    /// Why generation ended.
     pub finish_reason: FinishReason,
+    /// Counters and timings.
     pub stats: Stats,
     /// Counters of every node of the drafter tree.
     pub drafter: Option<NodeStats>,
@@ -167,11 +185,14 @@ pub struct Generation {
 /// A target model with an optional drafter.
 pub struct Engine {
     target: Reviewer,
+    /// The drafter tree; `None` decodes autoregressively.
     pub drafter: Option<Box<dyn Drafter>>,
+    /// The target's tokenizer.
     pub tokenizer: Tokenizer,
 }
 
 impl Engine {
+    /// An engine over `target`, drafting with `drafter`.
     pub fn new(
         target: Box<dyn Model>,
         drafter: Option<Box<dyn Drafter>>,
@@ -184,6 +205,7 @@ impl Engine {
         }
     }
 
+    /// The target model.
     pub fn target(&self) -> &dyn Model {
         self.target.model()
     }

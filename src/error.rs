@@ -5,25 +5,49 @@ use std::path::PathBuf;
 /// Everything that can go wrong in the library. The binary wraps these in `anyhow`.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
+    /// The model file does not exist.
     #[error("model file not found: {}", .0.display())]
     ModelNotFound(PathBuf),
 
     #[error("cannot read GGUF file {}: {reason}", path.display())]
-    BadModelFile { path: PathBuf, reason: String },
+    /// A GGUF file that cannot be read: malformed, truncated or inconsistent.
+    BadModelFile {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong, naming the key, tensor or byte offset.
+        reason: String,
+    },
 
     #[error("unsupported model architecture `{arch}` in {} (supported: qwen2, llama)", path.display())]
-    UnsupportedArchitecture { path: PathBuf, arch: String },
+    /// A GGUF file of an architecture the transformer does not implement.
+    UnsupportedArchitecture {
+        /// The file.
+        path: PathBuf,
+        /// Its `general.architecture`.
+        arch: String,
+    },
 
     #[error("cannot resolve model {repo}/{file}: {reason}")]
+    /// A model named by Hugging Face repo that cannot be found.
     Hub {
+        /// The repository.
         repo: String,
+        /// The file in it.
         file: String,
+        /// Why it cannot be resolved.
         reason: String,
     },
 
     #[error("bigram table {}: {reason}", path.display())]
-    NgramTable { path: PathBuf, reason: String },
+    /// A bigram table that cannot be read or written.
+    NgramTable {
+        /// The table's file.
+        path: PathBuf,
+        /// What is wrong.
+        reason: String,
+    },
 
+    /// A tokenizer that cannot be loaded, or text it cannot encode or decode.
     #[error("cannot load tokenizer: {0}")]
     Tokenizer(String),
 
@@ -32,37 +56,60 @@ pub enum Error {
          cannot draft for `{target}` ({target_vocab} tokens, fingerprint {target_fp:016x}); \
          a drafter must use the target's tokenizer"
     )]
+    /// A drafter (model, reviewer or table) whose vocabulary is not the target's.
     VocabMismatch {
+        /// The target's name.
         target: String,
+        /// The drafter's name.
         drafter: String,
+        /// The target's vocabulary size.
         target_vocab: usize,
+        /// The drafter's vocabulary size.
         drafter_vocab: usize,
+        /// The target's vocabulary fingerprint.
         target_fp: u64,
+        /// The drafter's vocabulary fingerprint.
         drafter_fp: u64,
     },
 
     #[error("prompt has {prompt} tokens but the context of `{model}` holds {context}, with room for at least one new token needed")]
+    /// A prompt that leaves no room in the context for a new token.
     PromptTooLong {
+        /// The model whose context is too short.
         model: String,
+        /// The prompt's length in tokens.
         prompt: usize,
+        /// The context's length in tokens.
         context: usize,
     },
 
+    /// A drafter that proposed out-of-vocabulary tokens, more than it was admitted, or
+    /// failed.
     #[error("drafter broke its contract: {0}")]
     Drafter(String),
 
+    /// A prompt of no tokens.
     #[error("empty prompt: at least one token is needed to start generation")]
     EmptyPrompt,
 
     #[error("{path}: {message}")]
-    Config { path: String, message: String },
+    /// A configuration value out of range or inconsistent.
+    Config {
+        /// The TOML path (or file) of the value.
+        path: String,
+        /// What was expected.
+        message: String,
+    },
 
+    /// A sampling setting out of range.
     #[error("invalid sampling setting: {0}")]
     Sampling(String),
 
+    /// A plan that cannot be made from the given report.
     #[error("{0}")]
     Plan(String),
 
+    /// A chat template that is missing or cannot be rendered.
     #[error("chat template: {0}")]
     ChatTemplate(String),
 
@@ -70,10 +117,12 @@ pub enum Error {
     #[error("model computation failed: {0}")]
     Compute(String),
 
+    /// A file or socket operation that failed.
     #[error("{0}")]
     Io(#[from] std::io::Error),
 }
 
+/// The library's result type.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 impl Error {

@@ -31,7 +31,9 @@ pub type Source = Arc<str>;
 /// A proposed position: its drafter and that drafter's confidence in it.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Position {
+    /// The drafter that proposed it.
     pub source: Source,
+    /// Its confidence, if it reports one.
     pub confidence: Option<f32>,
 }
 
@@ -138,7 +140,9 @@ impl Calibration {
 pub struct BucketCount {
     /// The bucket's upper edge; `None` for positions proposed without confidence.
     pub up_to: Option<f32>,
+    /// Positions of the bucket the reviewer reached.
     pub reviewed: u64,
+    /// Those it accepted.
     pub accepted: u64,
 }
 
@@ -155,6 +159,7 @@ pub struct Adaptive {
 }
 
 impl Adaptive {
+    /// A gate for a reviewer with forward cost `verify`.
     pub fn new(verify: ForwardCost) -> Self {
         let decoding = 1.0 / verify.seconds(1);
         Self {

@@ -10,14 +10,18 @@
 //! - [`model`]: GGUF models (qwen2, llama) whose forward returns logits for every position
 //!   and whose KV cache rolls back;
 //! - [`sampling`]: logits to the explicit distribution tokens are drawn from;
-//! - [`review`]: the verification step (accept, recover, bonus), used at every level;
-//! - [`verifier`]: a model that reviews drafts (the target, or a cascade's reviewer);
-//! - [`drafter`]: the [`drafter::Drafter`] trait and its implementations (neural, bigram,
-//!   Max-Gram);
+//! - [`draft`]: the [`draft::Drafter`] trait every drafter implements, and a round's
+//!   [`draft::Request`];
+//! - [`review`]: the verification step (accept, recover, bonus);
+//! - [`reviewer`]: one review round, the same for the target and every vertical cascade;
+//! - [`gate`] and [`costs`]: adaptive drafting from learned acceptance and measured costs;
+//! - [`drafter`]: the built-in drafters (neural, bigram, Max-Gram, prediction, cascades);
 //! - [`ngram`]: bigram tables built from corpora;
-//! - [`engine`]: the draft / verify / roll back loop, with stop conditions and counters;
-//! - [`config`]: TOML configs, validated into a plan and built into an engine;
-//! - [`theory`], [`bench`], [`planner`]: the papers' formulas, the bench harness, and the
+//! - [`engine`] and [`stream`]: the generation loop, stop conditions, counters, streamed text;
+//! - [`config`]: TOML configs, validated into a plan and built into an engine, with a registry
+//!   of plug-in drafter kinds;
+//! - [`server`]: the OpenAI-compatible HTTP server;
+//! - [`theory`], [`bench`](mod@bench), [`planner`]: the papers' formulas, the bench harness, and the
 //!   planner that picks draft lengths, schedules and K matrices from a bench report.
 //!
 //! ```no_run
@@ -32,7 +36,7 @@
 //! # Ok::<(), cascade::Error>(())
 //! ```
 
-#![allow(missing_docs)] // TODO: documentation pass
+#![warn(missing_docs)]
 
 pub mod bench;
 pub mod chat;

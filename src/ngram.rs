@@ -77,14 +77,17 @@ impl BigramTable {
         self.successors(token).0.first().copied()
     }
 
+    /// Number of tokens the table covers.
     pub fn vocab_size(&self) -> usize {
         self.offsets.len() - 1
     }
 
+    /// Number of (token, successor) entries.
     pub fn entries(&self) -> usize {
         self.next.len()
     }
 
+    /// The fingerprint of the tokenizer the table was built with.
     pub fn fingerprint(&self) -> u64 {
         self.fingerprint
     }
@@ -105,6 +108,7 @@ impl BigramTable {
         Ok(())
     }
 
+    /// The table in its binary format (checksummed).
     pub fn to_bytes(&self) -> Vec<u8> {
         let mut out = Vec::with_capacity(36 + 4 * (self.offsets.len() + 2 * self.next.len()));
         out.extend_from_slice(MAGIC);
@@ -195,6 +199,7 @@ impl BigramTable {
             })
     }
 
+    /// Reads and checks the table at `path`.
     pub fn load(path: &Path) -> Result<Self> {
         let bytes =
             std::fs::read(path).map_err(|e| bad_table(path, format!("cannot read: {e}")))?;
@@ -212,11 +217,14 @@ fn bad_table(path: &Path, reason: String) -> Error {
 /// Counts the bigrams of a corpus, file by file.
 pub struct BigramCounter<'a> {
     tokenizer: &'a Tokenizer,
+    /// Occurrences of each bigram.
     pub counts: FxHashMap<(u32, u32), u32>,
+    /// Tokens counted.
     pub tokens: u64,
 }
 
 impl<'a> BigramCounter<'a> {
+    /// An empty counter for `tokenizer`'s tokens.
     pub fn new(tokenizer: &'a Tokenizer) -> Self {
         Self {
             tokenizer,
@@ -235,6 +243,7 @@ impl<'a> BigramCounter<'a> {
         Ok(())
     }
 
+    /// The table keeping each token's `top` most frequent successors.
     pub fn into_table(self, top: usize) -> BigramTable {
         BigramTable::from_counts(
             &self.counts,
@@ -284,9 +293,11 @@ pub fn corpus_files(
 
 /// What [`build_table`] read.
 pub struct BuildSummary {
+    /// Files read.
     pub files: usize,
     /// Files skipped because they are not UTF-8 text.
     pub skipped: usize,
+    /// Tokens counted.
     pub tokens: u64,
 }
 

@@ -30,8 +30,11 @@ pub struct LevelPlan {
     pub reviewer: Reviewing,
     /// The draft node under it, and its parts (one for a single drafter).
     pub draft: NodeRef,
+    /// The parts of the draft node (one for a single drafter).
     pub parts: Vec<NodeRef>,
+    /// Each part's measured acceptance, fill and cost.
     pub segments: Vec<Segment>,
+    /// The config's current split.
     pub current: Vec<usize>,
     /// At the target: predicted speedup. Inside the tree: target calls per emitted token for
     /// the share the level above gives this cascade (lower is better).
@@ -43,11 +46,14 @@ pub struct LevelPlan {
     pub current_value: f64,
 }
 
+/// What a level's ratings measure.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Rating {
+    /// Predicted speedup over autoregressive decoding (higher is better).
     Speedup,
     /// Cost per emitted token, for a share of `n` tokens.
     CostPerToken {
+        /// Tokens the level above asks of this cascade.
         share: usize,
     },
 }
@@ -55,6 +61,7 @@ pub enum Rating {
 /// Who reviews at a level.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Reviewing {
+    /// The target model.
     Target,
     /// A vertical cascade of the tree.
     Cascade(NodeRef),
@@ -63,7 +70,9 @@ pub enum Reviewing {
 /// A node of the drafter tree, by name and, if it was expanded from a K matrix, its place there.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct NodeRef {
+    /// The node's name.
     pub name: String,
+    /// Its place in a K matrix, if it was expanded from one.
     pub k_matrix: Option<KMatrixRole>,
 }
 
@@ -175,6 +184,7 @@ pub struct Measured<'a> {
 }
 
 impl<'a> Measured<'a> {
+    /// A planner over `report`'s measurements of config `label`.
     pub fn new(report: &'a Report, label: &str) -> Result<Self> {
         let runs: Vec<&RunRecord> = report.runs.iter().filter(|r| r.config == label).collect();
         if runs.is_empty() {

@@ -24,7 +24,9 @@ use serde::{Deserialize, Serialize};
 /// (the recovered token after a rejection, or the bonus token when all were kept).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Verdict {
+    /// Draft tokens kept.
     pub accepted: usize,
+    /// The token after them.
     pub next: u32,
 }
 

@@ -37,6 +37,7 @@ pub struct Round {
     pub dists: Vec<Dist>,
     /// Draft tokens proposed and accepted.
     pub drafted: usize,
+    /// Draft tokens accepted.
     pub accepted: usize,
     /// With adaptive drafting: the round as the measured costs and the learned acceptance
     /// predicted it when the draft was made.
@@ -86,10 +87,12 @@ impl Reviewer {
         self.rule = rule;
     }
 
+    /// Sets the lenience of this reviewer's reviews.
     pub fn set_lenience(&mut self, lenience: f32) {
         self.lenience = lenience;
     }
 
+    /// The reviewing model.
     pub fn model(&self) -> &dyn Model {
         self.model.model()
     }

@@ -17,10 +17,13 @@ pub type Rng = rand_chacha::ChaCha12Rng;
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Sampling {
+    /// Temperature; 0 is greedy.
     #[serde(default)]
     pub temperature: f32,
+    /// Keep only the k most likely tokens (0: off).
     #[serde(default)]
     pub top_k: usize,
+    /// Keep the most likely tokens up to this probability mass (1: off).
     #[serde(default = "one")]
     pub top_p: f32,
 }
@@ -39,12 +42,16 @@ impl Default for Sampling {
 /// drafter), dense probabilities over the whole vocabulary, or a few (token, probability) pairs.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Dist {
+    /// All mass on one token.
     Point(u32),
+    /// A probability for every token of the vocabulary.
     Dense(Vec<f32>),
+    /// Probabilities of a few tokens, the others 0.
     Sparse(Vec<(u32, f32)>),
 }
 
 impl Sampling {
+    /// Greedy decoding: temperature 0.
     pub fn greedy() -> Self {
         Self {
             temperature: 0.0,
@@ -70,6 +77,7 @@ impl Sampling {
         Ok(())
     }
 
+    /// Whether sampling is greedy (temperature 0).
     pub fn is_greedy(&self) -> bool {
         self.temperature == 0.0
     }

@@ -114,6 +114,7 @@ impl<'a> TextStream<'a> {
         &self.text[start..end]
     }
 
+    /// All text so far, cut before a stop string.
     pub fn text(&self) -> &str {
         &self.text
     }

@@ -70,8 +70,11 @@ pub fn swi(n: usize, target_calls: usize, drafters: &[(usize, f64)]) -> f64 {
 /// later positions), and `cost[n]`, the target calls it spends to draft `n` tokens.
 #[derive(Clone, Debug)]
 pub struct Segment {
+    /// Acceptance at each position of the part.
     pub accept: Vec<f64>,
+    /// Share of reviews with a token at each position.
     pub fill: Vec<f64>,
+    /// `cost[n]`: target calls spent drafting n tokens.
     pub cost: Vec<f64>,
 }
 

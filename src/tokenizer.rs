@@ -78,6 +78,7 @@ impl Tokenizer {
         }
     }
 
+    /// Encodes `text`, with the special tokens the tokenizer adds (BOS).
     pub fn encode(&self, text: &str) -> Result<Vec<u32>> {
         let enc = self
             .inner
@@ -102,18 +103,22 @@ impl Tokenizer {
             .map_err(|e| Error::Tokenizer(format!("decoding failed: {e}")))
     }
 
+    /// Whether `id` ends a sequence.
     pub fn is_eos(&self, id: u32) -> bool {
         self.eos.contains(&id)
     }
 
+    /// The end-of-sequence ids.
     pub fn eos_ids(&self) -> &[u32] {
         &self.eos
     }
 
+    /// The chat template from the GGUF, if any.
     pub fn chat_template(&self) -> Option<&str> {
         self.chat_template.as_deref()
     }
 
+    /// The beginning-of-sequence token's text, if any.
     pub fn bos_token(&self) -> Option<&str> {
         self.bos_token.as_deref()
     }

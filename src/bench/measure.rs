@@ -10,7 +10,9 @@ use std::path::Path;
 /// A model's measured cost (JSON `models[]`).
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct ModelCost {
+    /// The model file's name.
     pub model: String,
+    /// Its number of weights.
     pub params: usize,
     /// Median one-token decode time after a 64-token context.
     pub decode_ms: f64,

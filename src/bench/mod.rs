@@ -3,7 +3,7 @@
 //! cost model's prediction beside the measured speedup.
 //!
 //! - [`suite`]: prompt suites;
-//! - [`run`]: the runs, and `generate --compare`'s one-prompt version;
+//! - [`run`](mod@run): the runs, and `generate --compare`'s one-prompt version;
 //! - [`measure`]: model costs measured in the same run;
 //! - [`summary`]: aggregates per config and category;
 //! - [`report`]: `report.json`, `report.md` and the charts.

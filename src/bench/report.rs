@@ -13,14 +13,21 @@ use std::path::Path;
 /// The whole report (`report.json`).
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Report {
+    /// When the run started (UTC).
     pub date: String,
+    /// Compute threads used.
     pub threads: usize,
+    /// The command line that produced the report.
     pub command: String,
+    /// The run's settings.
     pub options: BenchOptions,
     /// (k, r(k)): target forward over k tokens relative to one.
     pub verify_cost: Vec<(usize, f64)>,
+    /// Every model's measured cost.
     pub models: Vec<ModelCost>,
+    /// One record per (config, prompt, repeat).
     pub runs: Vec<RunRecord>,
+    /// Aggregates per config and category.
     pub summary: Vec<Summary>,
     /// True if Ctrl-C stopped the run early (the report holds what was gathered).
     pub interrupted: bool,

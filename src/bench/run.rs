@@ -17,12 +17,16 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 /// A config under test: its label (file stem) and validated plan.
 pub struct BenchConfig {
+    /// The config's label (file stem).
     pub label: String,
+    /// The validated config.
     pub plan: Plan,
 }
 
+/// The settings of a bench run.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct BenchOptions {
+    /// Tokens generated per prompt.
     pub max_new_tokens: usize,
     /// Timed passes over the suite.
     pub repeats: usize,
@@ -38,18 +42,29 @@ pub struct BenchOptions {
 pub struct RunRecord {
     /// Config label; `autoregressive` for the baseline.
     pub config: String,
+    /// The prompt's category.
     pub category: String,
+    /// The prompt's index in the suite.
     pub prompt: usize,
+    /// Which timed pass over the suite.
     pub repeat: usize,
+    /// Prompt length in tokens.
     pub prompt_tokens: usize,
+    /// Tokens generated.
     pub generated_tokens: usize,
+    /// Prompt processing time.
     pub prefill_seconds: f64,
+    /// Generation time after the prompt.
     pub decode_seconds: f64,
+    /// Generated tokens per second of decoding.
     pub decode_tokens_per_second: f64,
     /// Autoregressive decode time / this run's, same prompt and repeat.
     pub speedup: f64,
+    /// Target forward passes after the prompt.
     pub target_calls: usize,
+    /// Tokens drafted for the target's review.
     pub drafted: usize,
+    /// Drafted tokens the target accepted.
     pub accepted: usize,
     /// The target's reviews by draft position: `reviews`, `drafted_at`, `reached_at`,
     /// `accepted_at`.
@@ -77,6 +92,7 @@ pub struct LevelRecord {
     pub node: String,
     /// Its reviewer model (file name).
     pub model: String,
+    /// The target's reviews by draft position.
     #[serde(flatten)]
     pub reviews: ReviewCounts,
     /// Adaptive inner drafts: this level's reviews by confidence bucket.
@@ -257,7 +273,9 @@ pub fn run(
 pub struct Comparison {
     /// Per sample: the autoregressive run, and whether its tokens equal the sample's.
     pub samples: Vec<(Generation, bool)>,
+    /// The target's measured r(k).
     pub verify_cost: VerifyCost,
+    /// Every model's measured cost.
     pub models: Vec<ModelCost>,
     /// The bench summary of `label` over the samples.
     pub summary: Option<Summary>,

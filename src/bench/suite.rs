@@ -9,7 +9,9 @@ use std::path::Path;
 #[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct SuitePrompt {
+    /// The prompt's category (code-editing, chat, ...).
     pub category: String,
+    /// The prompt text.
     pub prompt: String,
     /// Wrap the prompt in the model's chat template.
     #[serde(default)]

@@ -13,14 +13,21 @@ use std::collections::BTreeMap;
 /// Aggregates per config and category (JSON `summary[]`; category `all` for the whole suite).
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Summary {
+    /// The config's label.
     pub config: String,
+    /// The category, or `all`.
     pub category: String,
+    /// Runs aggregated.
     pub runs: usize,
+    /// Mean decode speed.
     pub decode_tokens_per_second: f64,
+    /// Mean speedup over autoregressive decoding of the same prompts.
     pub speedup_mean: f64,
+    /// Standard deviation of the per-prompt speedups.
     pub speedup_sd: f64,
     /// Mean tokens per target call, bonus included (1 for autoregressive).
     pub tokens_per_call: f64,
+    /// Mean draft length per target call.
     pub mean_draft_len: f64,
     /// Acceptance at each draft position given it was reviewed (CS Drafting's a_i).
     pub acceptance_by_position: Vec<f64>,
@@ -28,6 +35,7 @@ pub struct Summary {
     pub acceptance_by_level: BTreeMap<String, Vec<f64>>,
     /// Standardized walltime improvement, costs by parameter count and by measured time.
     pub swi_params: f64,
+    /// SWI with costs by measured time.
     pub swi_measured: f64,
     /// Theorem 4.1 with the measured a_i and drafter costs, verify counted as one call.
     pub predicted_paper: f64,
@@ -39,6 +47,7 @@ pub struct Summary {
     /// Adaptive drafting: the target's reviews of each drafter by confidence bucket.
     #[serde(default)]
     pub acceptance_by_confidence: Vec<SourceBuckets>,
+    /// Greedy runs whose tokens differ from autoregressive decoding (must be 0).
     pub greedy_mismatches: usize,
 }
 

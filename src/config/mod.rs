@@ -1,6 +1,6 @@
 //! Configuration in two layers: [`RawConfig`] mirrors the TOML and only checks what was typed
 //! (unknown keys are errors); [`RawConfig::validate`] turns it into a [`Plan`] once, with errors
-//! that name the TOML path. [`Plan::build`] loads the models into an [`Engine`].
+//! that name the TOML path. [`Plan::build`] loads the models into an [`Engine`](crate::engine::Engine).
 //!
 //! Drafters are named in `[drafters.NAME]` tables and reference each other by name, forming
 //! any tree over the target:

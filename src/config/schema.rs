@@ -14,18 +14,24 @@ use std::path::{Path, PathBuf};
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawConfig {
+    /// The target model and its draft settings (`[target]`).
     pub target: RawTarget,
+    /// The named drafters (`[drafters.NAME]`).
     #[serde(default, deserialize_with = "drafter_tables")]
     pub drafters: BTreeMap<String, RawDrafter>,
+    /// Sampling settings (`[sampling]`).
     #[serde(default)]
     pub sampling: Sampling,
+    /// Generation settings (`[generation]`).
     #[serde(default)]
     pub generation: RawGeneration,
 }
 
+/// `[target]`: the model whose output the engine reproduces.
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawTarget {
+    /// The model file.
     pub model: ModelSource,
     /// A `tokenizer.json` to use instead of the one embedded in the GGUF.
     pub tokenizer: Option<PathBuf>,
@@ -54,11 +60,14 @@ pub struct RawTarget {
 pub enum RawDrafter {
     /// Samples from a smaller model that shares the target's tokenizer.
     Model {
+        /// The model file.
         model: ModelSource,
+        /// A `tokenizer.json` instead of the GGUF's own tokenizer.
         tokenizer: Option<PathBuf>,
     },
     /// Follows a bigram table (built with `cascade ngram build`).
     Bigram {
+        /// The table file.
         table: PathBuf,
         /// Sample successors from the table instead of taking the most likely.
         #[serde(default)]
@@ -67,6 +76,7 @@ pub enum RawDrafter {
     /// Copies the continuation of the longest earlier match of the text's suffix, falling
     /// back to a bigram table when there is none.
     MaxGram {
+        /// The bigram table to fall back on.
         table: Option<PathBuf>,
         /// Longest suffix searched for.
         #[serde(default = "default_max_ngram")]
@@ -84,7 +94,9 @@ pub enum RawDrafter {
     },
     /// A reviewer model over another drafter (CS Drafting's vertical cascade).
     Vertical {
+        /// The reviewing model.
         reviewer: ModelSource,
+        /// A `tokenizer.json` instead of the reviewer's own.
         tokenizer: Option<PathBuf>,
         /// The inner drafter's name.
         draft: String,
@@ -100,10 +112,16 @@ pub enum RawDrafter {
     },
     /// Each position of a draft from the cheapest drafter worth it there (a dynamic
     /// horizontal cascade): `drafters = ["mag", "small"]`, cheapest first.
-    Adaptive { drafters: Vec<String> },
+    Adaptive {
+        /// The drafters' names, cheapest first.
+        drafters: Vec<String>,
+    },
     /// Positions of one draft split between drafters (CS Drafting's horizontal cascade):
     /// `schedule = [["a", 2], ["b", 6]]` takes 2 tokens from `a`, then up to 6 from `b`.
-    Horizontal { schedule: Vec<(String, usize)> },
+    Horizontal {
+        /// `[drafter, tokens]` pairs in draft order.
+        schedule: Vec<(String, usize)>,
+    },
     /// The paper's notation (CS Drafting, Algorithm 1 and Table 2). With reviewer models
     /// `d_1..d_n` (most capable first) and a final drafter `d_{n+1}` (`last`, usually
     /// Max-Gram), row `r` of `k_matrix` (1-based) builds the draft reviewed at level `r - 1`
@@ -113,18 +131,28 @@ pub enum RawDrafter {
     /// `last`). Table 2's `k11, k12, k21` for base, small, Max-Gram is
     /// `k_matrix = [[k11, k12, 0], [k21, 0]]`.
     KMatrix {
+        /// The reviewer models `d_1..d_n`, most capable first.
         reviewers: Vec<ModelSource>,
+        /// The final drafter's name.
         last: String,
+        /// Row r: tokens from each drafter in the draft reviewed at level r - 1.
         k_matrix: Vec<Vec<usize>>,
+        /// Tokens the final drafter drafts per review.
         #[serde(default = "default_last_k")]
         last_k: usize,
+        /// Lenience of the reviews inside the cascade.
         #[serde(default = "one")]
         lenience: f32,
     },
     /// A kind a library user registered ([`Registry`](super::Registry)): its table as written,
     /// `kind` removed.
     #[serde(skip)]
-    Plugin { kind: String, table: toml::Table },
+    Plugin {
+        /// The registered kind.
+        kind: String,
+        /// The table, `kind` removed.
+        table: toml::Table,
+    },
 }
 
 /// The kinds built into the engine; any other `kind` names a plug-in.
@@ -168,13 +196,17 @@ fn drafter_tables<'de, D: Deserializer<'de>>(
         .collect()
 }
 
+/// `[generation]`: how much to generate and when to stop.
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawGeneration {
+    /// Most tokens generated per prompt.
     #[serde(default = "default_max_new")]
     pub max_new_tokens: usize,
+    /// Seed of the sampling generator.
     #[serde(default)]
     pub seed: u64,
+    /// Stop strings: the output ends before the first that appears.
     #[serde(default)]
     pub stop: Vec<String>,
     /// Wrap the prompt in the model's chat template.

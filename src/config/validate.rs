@@ -12,28 +12,39 @@ use std::path::{Path, PathBuf};
 /// A validated configuration: models resolved to files, settings checked.
 #[derive(Clone, Debug)]
 pub struct Plan {
+    /// The target model.
     pub target: ModelPlan,
+    /// The drafter tree, if any.
     pub drafter: Option<DrafterNode>,
     /// The target sizes drafts adaptively.
     pub adaptive: bool,
+    /// Cap on the context length.
     pub context: Option<usize>,
+    /// Generation settings.
     pub options: GenerateOptions,
+    /// Wrap prompts in the chat template.
     pub chat: bool,
+    /// System message for the chat template.
     pub system: Option<String>,
     /// The plug-in kinds the config was validated with (used again to build it).
     pub registry: Registry,
 }
 
+/// A model file resolved to a path, with its tokenizer override.
 #[derive(Clone, Debug)]
 pub struct ModelPlan {
+    /// The GGUF file.
     pub path: PathBuf,
+    /// A `tokenizer.json` instead of the GGUF's own.
     pub tokenizer: Option<PathBuf>,
 }
 
 /// A node of the validated drafter tree.
 #[derive(Clone, Debug)]
 pub struct DrafterNode {
+    /// The node's name (its `[drafters]` name, or one derived from a K matrix).
     pub name: String,
+    /// What the node is.
     pub kind: DrafterPlan,
     /// Where the node sits in a K matrix it was expanded from.
     pub k_matrix: Option<KMatrixRole>,
@@ -45,14 +56,20 @@ pub struct DrafterNode {
 pub enum KMatrixRole {
     /// The draft reviewed at level `row - 1` (row 1: the target's), built from row `row`.
     Level {
+        /// The K matrix's `[drafters]` name.
         matrix: String,
+        /// The row (1-based).
         row: usize,
+        /// Number of reviewer models.
         reviewers: usize,
     },
     /// The vertical cascade of reviewer `d_index` (1-based).
     Reviewer {
+        /// The K matrix's `[drafters]` name.
         matrix: String,
+        /// The reviewer's index (1-based).
         index: usize,
+        /// Number of reviewer models.
         reviewers: usize,
     },
 }
@@ -105,34 +122,55 @@ impl DrafterNode {
     }
 }
 
+/// A validated drafter node's kind and settings.
 #[derive(Clone, Debug)]
 pub enum DrafterPlan {
+    /// A neural drafter.
     Model(ModelPlan),
+    /// A bigram table drafter.
     Bigram {
+        /// The table file.
         table: PathBuf,
+        /// Sample successors instead of taking the most likely.
         sample: bool,
     },
+    /// Max-Gram.
     MaxGram {
+        /// The bigram table to fall back on.
         table: Option<PathBuf>,
+        /// Match lengths and fallback.
         policy: MaxGramPolicy,
     },
+    /// A reviewer model over an inner drafter.
     Vertical {
+        /// The reviewing model.
         reviewer: ModelPlan,
+        /// The drafter it reviews.
         inner: Box<DrafterNode>,
+        /// Tokens asked of the inner drafter per review.
         k: usize,
+        /// Lenience of the review.
         lenience: f32,
+        /// Size inner drafts adaptively.
         adaptive: bool,
     },
+    /// A fixed schedule of parts.
     Horizontal {
+        /// Each part and its token count, in draft order.
         parts: Vec<(DrafterNode, usize)>,
     },
+    /// Parts tried cheapest first at every position.
     Adaptive {
+        /// The parts, cheapest first.
         parts: Vec<DrafterNode>,
     },
     /// A registered plug-in kind with its table; relative paths in it are from `base`.
     Plugin {
+        /// The registered kind.
         kind: String,
+        /// Its table, `kind` removed.
         table: toml::Table,
+        /// The config's folder, for relative paths in the table.
         base: PathBuf,
     },
 }

@@ -17,6 +17,7 @@ pub struct BigramDrafter {
 }
 
 impl BigramDrafter {
+    /// A drafter named `name` over `table`, sampling successors if `sample`.
     pub fn new(name: impl Into<String>, table: Arc<BigramTable>, sample: bool) -> Self {
         Self {
             name: name.into(),

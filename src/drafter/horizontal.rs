@@ -21,6 +21,7 @@ struct Part {
 }
 
 impl HorizontalCascade {
+    /// Parts drafting the given token counts, in draft order.
     pub fn new(name: impl Into<String>, parts: Vec<(Box<dyn Drafter>, usize)>) -> Self {
         Self {
             name: name.into(),

@@ -50,6 +50,7 @@ pub struct MaxGram {
 }
 
 impl MaxGram {
+    /// An empty index matching suffixes of up to `max_ngram` tokens.
     pub fn new(max_ngram: usize) -> Self {
         Self {
             tokens: Vec::new(),
@@ -67,6 +68,7 @@ impl MaxGram {
         self.prompt_len = prompt.len();
     }
 
+    /// The indexed sequence.
     pub fn tokens(&self) -> &[u32] {
         &self.tokens
     }
@@ -133,7 +135,7 @@ impl MaxGram {
 
     /// The longest match whose continuation is the one seen most often after the matched
     /// suffix, and that continuation's share of the occurrences (the most recent
-    /// [`SCANNED`] occurrences and the first are counted). Among occurrences followed by that
+    /// 255 occurrences and the first are counted). Among occurrences followed by that
     /// token the rules of [`MaxGram::longest_match`] pick one.
     pub fn best_continuation(&self) -> Option<(Match, f32)> {
         let m = self.longest_match()?;
@@ -204,8 +206,11 @@ const SCANNED: usize = 255;
 /// Max-Gram slower (0.98x vs 1.13x autoregressive speed; see the README).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct MaxGramPolicy {
+    /// Longest suffix searched for.
     pub max_ngram: usize,
+    /// Shortest match worth drafting from.
     pub min_match: usize,
+    /// Tokens drafted from the bigram table when nothing matches.
     pub bigram_tokens: usize,
     /// A match of length n copies at most `n * length_per_match` tokens (rounded up); 0 leaves
     /// the length to the gate (an adaptive one weighs each copied token by its confidence,
@@ -237,6 +242,7 @@ pub struct MaxGramDrafter {
 }
 
 impl MaxGramDrafter {
+    /// A Max-Gram drafter with `policy`, falling back to `table`.
     pub fn new(
         name: impl Into<String>,
         policy: MaxGramPolicy,

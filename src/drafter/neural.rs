@@ -18,6 +18,7 @@ pub struct NeuralDrafter {
 }
 
 impl NeuralDrafter {
+    /// A drafter sampling from `model`.
     pub fn new(name: impl Into<String>, model: Box<dyn Model>) -> Self {
         Self {
             name: name.into(),

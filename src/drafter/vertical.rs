@@ -34,6 +34,7 @@ pub struct VerticalCascade {
 }
 
 impl VerticalCascade {
+    /// `reviewer` reviewing `inner`'s drafts of `k` tokens with `lenience`.
     pub fn new(
         name: impl Into<String>,
         reviewer: Box<dyn Model>,

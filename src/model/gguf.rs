@@ -43,13 +43,17 @@ pub struct Layout {
 
 /// An open GGUF file whose header has been read and checked against the file size.
 pub struct GgufFile<'a> {
+    /// The file, for messages.
     pub path: PathBuf,
+    /// The checked header: metadata and tensor infos.
     pub content: Content,
+    /// Where the header's regions end.
     pub layout: Layout,
     reader: Box<dyn Source + 'a>,
 }
 
 impl GgufFile<'static> {
+    /// Opens and checks the GGUF file at `path`.
     pub fn open(path: &Path) -> Result<Self> {
         if !path.is_file() {
             return Err(Error::ModelNotFound(path.to_path_buf()));
@@ -97,10 +101,12 @@ impl<'a> GgufFile<'a> {
         }
     }
 
+    /// The metadata value of `key`.
     pub fn get(&self, key: &str) -> Option<&Value> {
         self.content.metadata.get(key)
     }
 
+    /// The string metadata value of `key`.
     pub fn string(&self, key: &str) -> Result<String> {
         match self.get(key).map(|v| v.to_string()) {
             Some(Ok(s)) => Ok(s.clone()),
@@ -138,6 +144,7 @@ impl<'a> GgufFile<'a> {
         }
     }
 
+    /// Whether the file has tensor `name`.
     pub fn has_tensor(&self, name: &str) -> bool {
         self.content.tensor_infos.contains_key(name)
     }

@@ -42,6 +42,7 @@ pub trait Model: Send {
     /// Number of cached positions.
     fn len(&self) -> usize;
 
+    /// Whether the cache is empty.
     fn is_empty(&self) -> bool {
         self.len() == 0
     }
@@ -64,19 +65,23 @@ pub struct Logits {
 }
 
 impl Logits {
+    /// `data` as rows of `vocab` logits.
     pub fn new(data: Vec<f32>, vocab: usize) -> Self {
         debug_assert_eq!(data.len() % vocab, 0);
         Self { data, vocab }
     }
 
+    /// Number of rows.
     pub fn rows(&self) -> usize {
         self.data.len() / self.vocab
     }
 
+    /// Row `i`.
     pub fn row(&self, i: usize) -> &[f32] {
         &self.data[i * self.vocab..(i + 1) * self.vocab]
     }
 
+    /// Width of a row.
     pub fn vocab(&self) -> usize {
         self.vocab
     }
@@ -91,8 +96,11 @@ impl Logits {
 
 /// A model file loaded once: its weights and tokenizer, shared by every instance using it.
 pub struct LoadedModel {
+    /// The GGUF file.
     pub path: PathBuf,
+    /// The weights, shared by every instance.
     pub weights: Arc<Weights>,
+    /// The model's tokenizer.
     pub tokenizer: Tokenizer,
 }
 
@@ -170,6 +178,7 @@ impl ModelStore {
         self.loaded.values()
     }
 
+    /// The model at `path`, loaded on first use.
     pub fn load(
         &mut self,
         path: &Path,

@@ -9,10 +9,15 @@ use std::path::{Path, PathBuf};
 #[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
 #[serde(untagged, deny_unknown_fields)]
 pub enum ModelSource {
+    /// A local file (relative to the config's folder).
     Path(PathBuf),
+    /// A file of a Hugging Face repository, from the local hub cache.
     Hub {
+        /// The repository, `owner/name`.
         repo: String,
+        /// The file in it.
         file: String,
+        /// The branch, tag or commit.
         #[serde(default = "main_revision")]
         revision: String,
     },

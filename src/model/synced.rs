@@ -23,6 +23,7 @@ pub struct SyncedModel {
 }
 
 impl SyncedModel {
+    /// Wraps `model`, with nothing known to be committed yet.
     pub fn new(model: Box<dyn Model>) -> Self {
         Self {
             model,
@@ -32,6 +33,7 @@ impl SyncedModel {
         }
     }
 
+    /// The wrapped model.
     pub fn model(&self) -> &dyn Model {
         self.model.as_ref()
     }

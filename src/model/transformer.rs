@@ -23,19 +23,32 @@ pub enum RopeStyle {
     Interleaved,
 }
 
+/// The hyperparameters of a model, checked for range and consistency.
 #[derive(Clone, Debug)]
 pub struct Config {
+    /// The GGUF architecture (`qwen2` or `llama`).
     pub arch: String,
+    /// Number of transformer blocks.
     pub layers: usize,
+    /// Width of the hidden state.
     pub hidden: usize,
+    /// Attention heads.
     pub heads: usize,
+    /// Key-value heads (grouped-query attention).
     pub kv_heads: usize,
+    /// Width of a head.
     pub head_dim: usize,
+    /// Width of the feed-forward layer.
     pub feed_forward: usize,
+    /// Rows of the embedding (and output) matrix.
     pub vocab: usize,
+    /// The trained context length.
     pub context_length: usize,
+    /// Epsilon of the RMS norms.
     pub rms_eps: f32,
+    /// RoPE frequency base.
     pub rope_base: f32,
+    /// How RoPE pairs dimensions.
     pub rope_style: RopeStyle,
 }
 
@@ -141,6 +154,7 @@ struct Layer {
 
 /// Immutable weights, shared (through `Arc`) by every model instance that uses them.
 pub struct Weights {
+    /// The hyperparameters.
     pub config: Config,
     /// The matmul kernels the weights are packed for.
     pub kernels: Kernels,
@@ -153,6 +167,7 @@ pub struct Weights {
 }
 
 impl Weights {
+    /// Reads every tensor of `f`, packed for `kernels`; `progress(done, total)` per layer.
     pub fn load(
         f: &mut GgufFile<'_>,
         kernels: Kernels,
@@ -233,6 +248,7 @@ impl Weights {
         self.output.as_ref().unwrap_or(&self.embeddings)
     }
 
+    /// Width of a logits row.
     pub fn vocab_size(&self) -> usize {
         self.output().rows()
     }

@@ -111,10 +111,9 @@ pub struct StreamOptions {
 }
 
 /// The fields both endpoints share; unknown fields are ignored, as OpenAI clients send
-/// many this server has no use for.
+/// many this server has no use for (`model` among them: one server serves one model set).
 #[derive(Deserialize)]
 pub struct Common {
-    pub model: Option<String>,
     pub max_tokens: Option<u64>,
     pub max_completion_tokens: Option<u64>,
     pub temperature: Option<f32>,

@@ -1,14 +1,14 @@
 //! `cascade serve`: an OpenAI-compatible HTTP server over one engine.
 //!
-//! axum on tokio answers HTTP; the engine runs on its own thread (see [`worker`]), fed FIFO
+//! axum on tokio answers HTTP; the engine runs on its own thread (the `worker` module), fed FIFO
 //! through a bounded queue, so a full queue is a 429 and never unbounded memory. Text is
 //! streamed as server-sent events as the engine commits it, through the same
 //! [`TextStream`](crate::stream::TextStream) as the CLI, stop strings included. A request's
 //! `prediction` becomes a drafter at the front of the tree for that request only.
 
-pub mod api;
-pub mod metrics;
-pub mod worker;
+mod api;
+mod metrics;
+mod worker;
 
 use crate::engine::{Engine, GenerateOptions, Generation};
 use crate::error::Result;
@@ -34,7 +34,9 @@ use worker::{Event, Job};
 /// Where and how to serve.
 #[derive(Clone, Debug)]
 pub struct ServeOptions {
+    /// Address to listen on.
     pub host: String,
+    /// Port to listen on (0: any free port).
     pub port: u16,
     /// Requests that may wait for the engine; more get 429.
     pub queue: usize,
