@@ -85,73 +85,77 @@ impl Metrics {
                 let _ = writeln!(out, "cascade_{name}{labels} {v}");
             }
         };
-        let one = |v: f64| [(String::new(), v)];
-        metric(
-            "requests_total",
-            "counter",
-            "Requests answered.",
-            &one(t.requests as f64),
-        );
-        metric(
-            "requests_rejected_total",
-            "counter",
-            "Requests refused with 429 (queue full).",
-            &one(t.rejected as f64),
-        );
-        metric(
-            "requests_failed_total",
-            "counter",
-            "Requests whose generation failed.",
-            &one(t.failed as f64),
-        );
-        metric(
-            "requests_cancelled_total",
-            "counter",
-            "Generations cancelled by a client that went away.",
-            &one(t.cancelled as f64),
-        );
-        metric(
-            "queue_depth",
-            "gauge",
-            "Requests waiting for the engine.",
-            &one(self.queued.load(Ordering::Relaxed) as f64),
-        );
-        metric(
-            "prompt_tokens_total",
-            "counter",
-            "Prompt tokens processed.",
-            &one(t.prompt_tokens as f64),
-        );
-        metric(
-            "tokens_generated_total",
-            "counter",
-            "Tokens generated.",
-            &one(t.generated as f64),
-        );
-        metric(
-            "tokens_per_second",
-            "gauge",
-            "Generated tokens per second of decoding, over all requests.",
-            &one(t.generated as f64 / t.decode_seconds.max(1e-9)),
-        );
-        metric(
-            "target_calls_total",
-            "counter",
-            "Target forward passes after the prompt.",
-            &one(t.target_calls as f64),
-        );
-        metric(
-            "drafted_tokens_total",
-            "counter",
-            "Tokens drafted for the target's review.",
-            &one(t.drafted as f64),
-        );
-        metric(
-            "accepted_tokens_total",
-            "counter",
-            "Drafted tokens the target accepted.",
-            &one(t.accepted as f64),
-        );
+        let scalars = [
+            (
+                "requests_total",
+                "counter",
+                "Requests answered.",
+                t.requests as f64,
+            ),
+            (
+                "requests_rejected_total",
+                "counter",
+                "Requests refused with 429 (queue full).",
+                t.rejected as f64,
+            ),
+            (
+                "requests_failed_total",
+                "counter",
+                "Requests whose generation failed.",
+                t.failed as f64,
+            ),
+            (
+                "requests_cancelled_total",
+                "counter",
+                "Generations cancelled by a client that went away.",
+                t.cancelled as f64,
+            ),
+            (
+                "queue_depth",
+                "gauge",
+                "Requests waiting for the engine.",
+                self.queued.load(Ordering::Relaxed) as f64,
+            ),
+            (
+                "prompt_tokens_total",
+                "counter",
+                "Prompt tokens processed.",
+                t.prompt_tokens as f64,
+            ),
+            (
+                "tokens_generated_total",
+                "counter",
+                "Tokens generated.",
+                t.generated as f64,
+            ),
+            (
+                "tokens_per_second",
+                "gauge",
+                "Generated tokens per second of decoding, over all requests.",
+                t.generated as f64 / t.decode_seconds.max(1e-9),
+            ),
+            (
+                "target_calls_total",
+                "counter",
+                "Target forward passes after the prompt.",
+                t.target_calls as f64,
+            ),
+            (
+                "drafted_tokens_total",
+                "counter",
+                "Tokens drafted for the target's review.",
+                t.drafted as f64,
+            ),
+            (
+                "accepted_tokens_total",
+                "counter",
+                "Drafted tokens the target accepted.",
+                t.accepted as f64,
+            ),
+        ];
+        for (name, kind, help, value) in scalars {
+            metric(name, kind, help, &[(String::new(), value)]);
+        }
         let by_position: Vec<(String, f64)> = t
             .reviews
             .acceptance_by_position()
