@@ -79,10 +79,29 @@ pub fn interpolate(points: &[(usize, f64)], k: f64) -> f64 {
     b.1 + (b.1 - a.1) / (b.0 - a.0).max(1) as f64 * (k - b.0 as f64)
 }
 
+/// What is measured: a model, scoring its whole vocabulary or only some tokens (a draft
+/// model's trimmed vocabulary, whose forward costs less).
+#[derive(Clone, Copy)]
+pub struct Subject<'a> {
+    /// The model.
+    pub model: &'a LoadedModel,
+    /// The tokens it scores, if not all.
+    pub vocabulary: Option<&'a [u32]>,
+}
+
+impl<'a> From<&'a LoadedModel> for Subject<'a> {
+    fn from(model: &'a LoadedModel) -> Self {
+        Self {
+            model,
+            vocabulary: None,
+        }
+    }
+}
+
 /// Measures `models` side by side: every model at every length of [`MEASURED`] after
 /// [`CONTEXT`] tokens and of [`MEASURED_LONG`] after [`LONG_CONTEXT`], interleaved in each of
 /// `reps` repetitions (after a warm-up); medians.
-pub fn measure(models: &[&LoadedModel], reps: usize) -> Result<Vec<ForwardCost>> {
+pub fn measure(models: &[Subject], reps: usize) -> Result<Vec<ForwardCost>> {
     let short = forward_times(models, CONTEXT, &MEASURED, reps)?;
     let long = forward_times(models, LONG_CONTEXT, &MEASURED_LONG, reps)?;
     Ok(short
@@ -109,7 +128,7 @@ pub fn measure(models: &[&LoadedModel], reps: usize) -> Result<Vec<ForwardCost>>
 
 /// Median seconds of a forward over each of `ks` tokens after `context` tokens, per model.
 fn forward_times(
-    models: &[&LoadedModel],
+    models: &[Subject],
     context: usize,
     ks: &[usize],
     reps: usize,
@@ -117,9 +136,10 @@ fn forward_times(
     let ctx: Vec<u32> = (0..context as u32).map(|i| 100 + (i * 7) % 5000).collect();
     let mut instances: Vec<Box<dyn Model>> = models
         .iter()
-        .map(|m| Box::new(m.instance("cost", None)) as Box<dyn Model>)
+        .map(|s| Box::new(s.model.instance("cost", None)) as Box<dyn Model>)
         .collect();
-    for m in instances.iter_mut() {
+    for (m, s) in instances.iter_mut().zip(models) {
+        m.restrict_vocabulary(s.vocabulary)?;
         m.prefill(&ctx)?;
     }
     let mut times = vec![vec![Vec::with_capacity(reps); ks.len()]; models.len()];
@@ -228,8 +248,9 @@ impl CostCache {
         &self.path
     }
 
-    /// The key of a model on this machine.
-    pub fn key(model: &LoadedModel) -> String {
+    /// The key of a model on this machine (with the size of its trimmed vocabulary, if any).
+    pub fn key(subject: Subject) -> String {
+        let model = subject.model;
         let meta = std::fs::metadata(&model.path).ok();
         let size = meta.as_ref().map_or(0, |m| m.len());
         let mtime = meta
@@ -240,17 +261,20 @@ impl CostCache {
             .path
             .file_name()
             .map_or_else(String::new, |n| n.to_string_lossy().into());
+        let vocabulary = subject
+            .vocabulary
+            .map_or(String::new(), |v| format!(" | vocabulary {}", v.len()));
         format!(
-            "{name} {size} {mtime} | {} | {} | {} threads",
+            "{name} {size} {mtime} | {} | {} | {} threads{vocabulary}",
             cpu_name(),
             model.weights.kernels,
             candle_core::utils::get_num_threads()
         )
     }
 
-    /// The cached cost of `model`, if measured on this machine.
-    pub fn get(&self, model: &LoadedModel) -> Option<&ForwardCost> {
-        self.entries.get(&Self::key(model)).map(|e| &e.cost)
+    /// The cached cost of `subject`, if measured on this machine.
+    pub fn get(&self, subject: Subject) -> Option<&ForwardCost> {
+        self.entries.get(&Self::key(subject)).map(|e| &e.cost)
     }
 
     /// The costs of `models`, measuring (together, interleaved) those not cached, or all of
@@ -258,24 +282,21 @@ impl CostCache {
     /// file is updated when anything was measured.
     pub fn costs(
         &mut self,
-        models: &[&LoadedModel],
+        models: &[Subject],
         remeasure: bool,
         progress: &mut dyn FnMut(&[String]),
     ) -> Result<Vec<ForwardCost>> {
-        let missing: Vec<&LoadedModel> = models
+        let missing: Vec<Subject> = models
             .iter()
             .copied()
-            .filter(|m| remeasure || self.get(m).is_none())
+            .filter(|&m| remeasure || self.get(m).is_none())
             .collect();
         if !missing.is_empty() {
-            let names: Vec<String> = missing
-                .iter()
-                .map(|m| crate::config::file_label(&m.path))
-                .collect();
+            let names: Vec<String> = missing.iter().map(|&m| Self::label(m)).collect();
             progress(&names);
             let measured = measure(&missing, REPS)?;
             let now = crate::bench::utc_now();
-            for (m, cost) in missing.iter().zip(measured) {
+            for (&m, cost) in missing.iter().zip(measured) {
                 self.entries.insert(
                     Self::key(m),
                     Entry {
@@ -288,8 +309,17 @@ impl CostCache {
         }
         Ok(models
             .iter()
-            .map(|m| self.get(m).cloned().expect("measured above"))
+            .map(|&m| self.get(m).cloned().expect("measured above"))
             .collect())
+    }
+
+    /// A subject's name in messages: the model file, and its trimmed vocabulary's size.
+    pub fn label(subject: Subject) -> String {
+        let name = crate::config::file_label(&subject.model.path);
+        match subject.vocabulary {
+            Some(v) => format!("{name} (vocabulary {})", v.len()),
+            None => name,
+        }
     }
 
     /// Writes the cache (to a temporary file first, so an interrupted write loses nothing).

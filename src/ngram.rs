@@ -5,9 +5,12 @@
 //!
 //! File layout (little-endian):
 //! `b"CSBIGRAM"`, version `u32`, tokenizer fingerprint `u64`, vocabulary size `u32`,
-//! entries `u32`, then `offsets: [u32; vocab + 1]`, `next: [u32; entries]`,
-//! `probs: [f32; entries]`, and the CRC-32 (`u32`) of everything before it.
-//! The successors of token `t` are `next[offsets[t]..offsets[t + 1]]`, most likely first.
+//! entries `u32`, ranked `u32`, then `offsets: [u32; vocab + 1]`, `next: [u32; entries]`,
+//! `probs: [f32; entries]`, `ranking: [u32; ranked]`, and the CRC-32 (`u32`) of everything
+//! before it. The successors of token `t` are `next[offsets[t]..offsets[t + 1]]`, most likely
+//! first; `ranking` lists the tokens the corpus holds, most frequent first (a draft model's
+//! trimmed vocabulary is read from it). Version 2 files (no `ranked`, no `ranking`) are read
+//! too, with an empty ranking.
 //! Reading checks every length against the file size before allocating, and every offset,
 //! token id and probability before use.
 
@@ -17,7 +20,7 @@ use fxhash::FxHashMap;
 use std::path::{Path, PathBuf};
 
 const MAGIC: &[u8; 8] = b"CSBIGRAM";
-const VERSION: u32 = 2;
+const VERSION: u32 = 3;
 
 /// A bigram table in compressed sparse rows.
 #[derive(Clone, Debug, PartialEq)]
@@ -26,14 +29,18 @@ pub struct BigramTable {
     offsets: Vec<u32>,
     next: Vec<u32>,
     probs: Vec<f32>,
+    ranking: Vec<u32>,
 }
 
 impl BigramTable {
     /// Builds a table from bigram `counts` over `vocab` tokens, keeping the `top` most
     /// frequent successors of each token (ties to the lower id). Probabilities are relative
-    /// to all of a token's successors in the corpus, so a row sums to at most 1.
+    /// to all of a token's successors in the corpus, so a row sums to at most 1. The ranking
+    /// orders the tokens with a nonzero count in `frequency` (indexed by token id), most
+    /// frequent first, ties to the lower id.
     pub fn from_counts(
         counts: &FxHashMap<(u32, u32), u32>,
+        frequency: &[u64],
         vocab: usize,
         top: usize,
         fingerprint: u64,
@@ -54,12 +61,22 @@ impl BigramTable {
             }
             offsets.push(next.len() as u32);
         }
+        let mut ranking: Vec<u32> = (0..frequency.len().min(vocab) as u32)
+            .filter(|&t| frequency[t as usize] > 0)
+            .collect();
+        ranking.sort_by_key(|&t| std::cmp::Reverse(frequency[t as usize]));
         Self {
             fingerprint,
             offsets,
             next,
             probs,
+            ranking,
         }
+    }
+
+    /// The tokens the corpus holds, most frequent first (empty for a version 2 table).
+    pub fn ranking(&self) -> &[u32] {
+        &self.ranking
     }
 
     /// The most likely successors of `token` and their probabilities, most likely first.
@@ -110,12 +127,15 @@ impl BigramTable {
 
     /// The table in its binary format (checksummed).
     pub fn to_bytes(&self) -> Vec<u8> {
-        let mut out = Vec::with_capacity(36 + 4 * (self.offsets.len() + 2 * self.next.len()));
+        let mut out = Vec::with_capacity(
+            36 + 4 * (self.offsets.len() + 2 * self.next.len() + self.ranking.len()),
+        );
         out.extend_from_slice(MAGIC);
         out.extend_from_slice(&VERSION.to_le_bytes());
         out.extend_from_slice(&self.fingerprint.to_le_bytes());
         out.extend_from_slice(&(self.vocab_size() as u32).to_le_bytes());
         out.extend_from_slice(&(self.next.len() as u32).to_le_bytes());
+        out.extend_from_slice(&(self.ranking.len() as u32).to_le_bytes());
         self.offsets
             .iter()
             .for_each(|v| out.extend_from_slice(&v.to_le_bytes()));
@@ -123,6 +143,9 @@ impl BigramTable {
             .iter()
             .for_each(|v| out.extend_from_slice(&v.to_le_bytes()));
         self.probs
+            .iter()
+            .for_each(|v| out.extend_from_slice(&v.to_le_bytes()));
+        self.ranking
             .iter()
             .for_each(|v| out.extend_from_slice(&v.to_le_bytes()));
         let sum = crc32fast::hash(&out);
@@ -138,17 +161,23 @@ impl BigramTable {
         }
         let u32_at = |at: usize| u32::from_le_bytes(bytes[at..at + 4].try_into().unwrap());
         let version = u32_at(8);
-        if version != VERSION {
+        if version != VERSION && version != 2 {
             return Err(bad_table(
                 path,
-                format!("format version {version}, this build reads {VERSION}"),
+                format!("format version {version}, this build reads 2 and {VERSION}"),
             ));
         }
         let fingerprint = u64::from_le_bytes(bytes[12..20].try_into().unwrap());
         let (vocab, entries) = (u32_at(20) as usize, u32_at(24) as usize);
+        // Version 2 has no ranking, and a header one word shorter.
+        let (ranked, header) = if version == 2 {
+            (0, 28)
+        } else {
+            (u32_at(28) as usize, 32)
+        };
         // u32 counts: the sum cannot overflow a 64-bit usize, and is compared with the real
         // size before anything is allocated.
-        let expected = 28 + 4 * (vocab + 1) + 8 * entries + 4;
+        let expected = header + 4 * (vocab + 1) + 8 * entries + 4 * ranked + 4;
         if bytes.len() != expected {
             return Err(bad_table(
                 path,
@@ -163,11 +192,12 @@ impl BigramTable {
             return Err(bad("corrupt: checksum mismatch"));
         }
         let words = |from: usize, n: usize| (0..n).map(move |i| u32_at(from + 4 * i));
-        let offsets: Vec<u32> = words(28, vocab + 1).collect();
-        let next: Vec<u32> = words(28 + 4 * (vocab + 1), entries).collect();
-        let probs: Vec<f32> = words(28 + 4 * (vocab + 1 + entries), entries)
+        let offsets: Vec<u32> = words(header, vocab + 1).collect();
+        let next: Vec<u32> = words(header + 4 * (vocab + 1), entries).collect();
+        let probs: Vec<f32> = words(header + 4 * (vocab + 1 + entries), entries)
             .map(f32::from_bits)
             .collect();
+        let ranking: Vec<u32> = words(header + 4 * (vocab + 1 + 2 * entries), ranked).collect();
         if offsets.windows(2).any(|w| w[0] > w[1]) || offsets[vocab] as usize != entries {
             return Err(bad("corrupt: row offsets out of order"));
         }
@@ -177,11 +207,23 @@ impl BigramTable {
         if probs.iter().any(|p: &f32| !(0.0..=1.0).contains(p)) {
             return Err(bad("corrupt: a probability outside [0, 1]"));
         }
+        let mut seen = vec![false; vocab];
+        for &t in &ranking {
+            match seen.get_mut(t as usize) {
+                Some(s) if !*s => *s = true,
+                _ => {
+                    return Err(bad(
+                        "corrupt: a ranked token outside the vocabulary or twice",
+                    ))
+                }
+            }
+        }
         Ok(Self {
             fingerprint,
             offsets,
             next,
             probs,
+            ranking,
         })
     }
 
@@ -219,6 +261,8 @@ pub struct BigramCounter<'a> {
     tokenizer: &'a Tokenizer,
     /// Occurrences of each bigram.
     pub counts: FxHashMap<(u32, u32), u32>,
+    /// Occurrences of each token, by id.
+    pub frequency: Vec<u64>,
     /// Tokens counted.
     pub tokens: u64,
 }
@@ -229,6 +273,7 @@ impl<'a> BigramCounter<'a> {
         Self {
             tokenizer,
             counts: FxHashMap::default(),
+            frequency: vec![0; tokenizer.vocab_size()],
             tokens: 0,
         }
     }
@@ -237,6 +282,11 @@ impl<'a> BigramCounter<'a> {
     pub fn add_text(&mut self, text: &str) -> Result<()> {
         let ids = self.tokenizer.encode_plain(text)?;
         self.tokens += ids.len() as u64;
+        for &t in &ids {
+            if let Some(f) = self.frequency.get_mut(t as usize) {
+                *f += 1;
+            }
+        }
         for w in ids.windows(2) {
             *self.counts.entry((w[0], w[1])).or_insert(0) += 1;
         }
@@ -247,6 +297,7 @@ impl<'a> BigramCounter<'a> {
     pub fn into_table(self, top: usize) -> BigramTable {
         BigramTable::from_counts(
             &self.counts,
+            &self.frequency,
             self.tokenizer.vocab_size(),
             top,
             self.tokenizer.fingerprint(),
@@ -335,7 +386,7 @@ mod tests {
         for (a, b, c) in [(1, 2, 5), (1, 3, 3), (1, 4, 3), (1, 5, 1), (2, 1, 7)] {
             counts.insert((a, b), c);
         }
-        BigramTable::from_counts(&counts, 8, 3, 0xabc)
+        BigramTable::from_counts(&counts, &[0, 9, 5, 3, 3, 1, 0, 0], 8, 3, 0xabc)
     }
 
     #[test]
@@ -347,6 +398,27 @@ mod tests {
         assert_eq!(t.most_likely(2), Some(1));
         assert_eq!(t.most_likely(7), None);
         assert_eq!(t.successors(1000), (&[][..], &[][..]));
+        assert_eq!(t.ranking(), &[1, 2, 3, 4, 5]);
+    }
+
+    #[test]
+    fn a_version_2_table_reads_with_an_empty_ranking() {
+        let mut counts = FxHashMap::default();
+        counts.insert((1, 2), 1);
+        let t = BigramTable::from_counts(&counts, &[], 4, 1, 7);
+        let v3 = t.to_bytes();
+        let mut v2 = [
+            &v3[..8],
+            &2u32.to_le_bytes(),
+            &v3[12..28],
+            &v3[32..v3.len() - 4],
+        ]
+        .concat();
+        let sum = crc32fast::hash(&v2);
+        v2.extend_from_slice(&sum.to_le_bytes());
+        let read = BigramTable::from_bytes(&v2, Path::new("old.bigram")).unwrap();
+        assert_eq!(read, t);
+        assert!(read.ranking().is_empty());
     }
 
     #[test]
@@ -370,7 +442,7 @@ mod tests {
         assert_eq!(e, "bigram table t.bigram: corrupt: checksum mismatch");
         // A successor outside the vocabulary, with a checksum that matches.
         let mut bad = bytes[..bytes.len() - 4].to_vec();
-        let next_at = 28 + 4 * (8 + 1);
+        let next_at = 32 + 4 * (8 + 1);
         bad[next_at..next_at + 4].copy_from_slice(&99u32.to_le_bytes());
         let sum = crc32fast::hash(&bad);
         bad.extend_from_slice(&sum.to_le_bytes());
@@ -378,6 +450,17 @@ mod tests {
         assert_eq!(
             e,
             "bigram table t.bigram: corrupt: a successor outside the vocabulary"
+        );
+        // A token ranked twice.
+        let mut twice = bytes[..bytes.len() - 4].to_vec();
+        let ranked_at = twice.len() - 4;
+        twice[ranked_at..].copy_from_slice(&1u32.to_le_bytes());
+        let sum = crc32fast::hash(&twice);
+        twice.extend_from_slice(&sum.to_le_bytes());
+        let e = BigramTable::from_bytes(&twice, p).unwrap_err().to_string();
+        assert_eq!(
+            e,
+            "bigram table t.bigram: corrupt: a ranked token outside the vocabulary or twice"
         );
         let e = BigramTable::from_bytes(b"GGUF....", p)
             .unwrap_err()

@@ -391,7 +391,8 @@ fn part_cost(
 ) -> Result<PartCost> {
     let linear = |c: f64| (0..=horizon).map(|n| n as f64 * c).collect::<Vec<_>>();
     Ok(match &node.kind {
-        DrafterPlan::Model(model) => {
+        // A trimmed vocabulary is planned at its model's full cost: reports measure files.
+        DrafterPlan::Model { model, .. } => {
             let c = linear(m.cost(model)?.0);
             PartCost {
                 current: c.clone(),

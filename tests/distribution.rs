@@ -167,6 +167,30 @@ fn speculative_sampling_matches_the_target_distribution() {
     assert!(failures.is_empty(), "{failures:#?}");
 }
 
+/// A drafter scoring part of the vocabulary (its trimmed vocabulary plus the prompt's tokens)
+/// never proposes the others, which the target still samples: the review keeps the target's
+/// distribution because the drafter reports the distribution over the part it sampled from.
+#[test]
+fn a_trimmed_draft_vocabulary_keeps_the_target_distribution() {
+    let mut failures = Vec::new();
+    for (label, s) in &settings()[..2] {
+        let p = exact(s);
+        // Scored: 0 and 3, and the prompt's 1, 4 and 2; never 5.
+        let d =
+            NeuralDrafter::new("trimmed", Box::new(drafter())).with_vocabulary(Arc::from([0, 3]));
+        let mut e = engine_with(Box::new(d), None);
+        assert!(
+            p.chunks(VOCAB).map(|row| row[5]).sum::<f64>() > 0.05,
+            "5 must matter"
+        );
+        match chi_square(&p, &sampled_with(&mut e, s, 4, (0.2, 0.9))) {
+            Ok(stat) => eprintln!("trimmed vocabulary, {label}: chi-square {stat:.1}"),
+            Err(err) => failures.push(format!("trimmed vocabulary, {label}: {err}")),
+        }
+    }
+    assert!(failures.is_empty(), "{failures:#?}");
+}
+
 #[test]
 fn greedy_speculative_output_is_the_targets_argmax_chain() {
     let t = target();
@@ -238,7 +262,7 @@ fn toy_table() -> Arc<BigramTable> {
             counts.insert((prev, next as u32), 1 + (l * 10.0) as u32);
         }
     }
-    Arc::new(BigramTable::from_counts(&counts, VOCAB, 3, 0))
+    Arc::new(BigramTable::from_counts(&counts, &[], VOCAB, 3, 0))
 }
 
 #[test]

@@ -323,6 +323,43 @@ fn a_table_built_for_another_tokenizer_is_refused() {
     assert!(e.ends_with("rebuild it with `cascade ngram build`"), "{e}");
 }
 
+#[test]
+fn a_trimmed_vocabulary_needs_its_table_and_a_size_below_the_models() {
+    let small = |extra: &str| {
+        format!("{TARGET_ONLY}drafter = \"small\"\n[drafters.small]\nkind = \"model\"\nmodel = \"{DRAFT}\"\n{extra}")
+    };
+    let table = Path::new(env!("CARGO_MANIFEST_DIR")).join("ngram/qwen2.5-coder-cpython311.bigram");
+    assert_eq!(
+        config_error(&small("vocabulary = 32768\n")),
+        "drafters.small.vocabulary: needs `vocabulary_table`: a bigram table (`cascade ngram build`) whose corpus ranks the tokens"
+    );
+    assert_eq!(
+        config_error(&small(&format!("vocabulary_table = \"{}\"\n", table.display()))),
+        "drafters.small.vocabulary_table: is read only with `vocabulary` (how many of its most frequent tokens to score)"
+    );
+    assert_eq!(
+        config_error(&small(&format!(
+            "vocabulary = 0\nvocabulary_table = \"{}\"\n",
+            table.display()
+        ))),
+        "drafters.small.vocabulary: must be between 1 and 16777216 (tokens), got 0"
+    );
+    let _s = serial();
+    let toml = small(&format!(
+        "vocabulary = 151936\nvocabulary_table = \"{}\"\n",
+        table.display()
+    ));
+    let plan = RawConfig::parse(&toml, "t")
+        .unwrap()
+        .validate(&models_dir())
+        .unwrap();
+    let e = plan.build(&mut |_, _, _| {}).err().unwrap().to_string();
+    assert_eq!(
+        e,
+        "drafters.small.vocabulary: 151936 is not below the model's vocabulary (151936 tokens): leave it out to score every token"
+    );
+}
+
 /// A config with `[target]` plus these drafter tables.
 fn tree_error(drafters: &str) -> String {
     config_error(&format!("{TARGET_ONLY}drafter = \"top\"\n{drafters}"))

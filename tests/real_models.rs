@@ -58,6 +58,43 @@ fn k_token_forward_equals_k_one_token_forwards_bit_for_bit() {
     }
 }
 
+/// A trimmed vocabulary scores its tokens exactly as the whole output projection does, gives
+/// the others `-inf`, and is undone by `None`.
+#[test]
+fn a_trimmed_vocabulary_scores_its_tokens_like_the_whole_projection() {
+    let _s = serial();
+    let model = real(DRAFT);
+    let prompt = encode(PROMPTS[2]);
+    let mut full = model.instance("full", None);
+    let want = full.forward(&prompt).unwrap();
+    let scored: Vec<u32> = (0..want.vocab() as u32)
+        .filter(|t| t % 7 == 3 || *t < 500)
+        .collect();
+    let mut m = model.instance("trimmed", None);
+    m.restrict_vocabulary(Some(&scored)).unwrap();
+    let got = m.forward(&prompt).unwrap();
+    for r in 0..prompt.len() {
+        for (t, (&g, &w)) in got.row(r).iter().zip(want.row(r)).enumerate() {
+            if scored.binary_search(&(t as u32)).is_ok() {
+                assert_eq!(g.to_bits(), w.to_bits(), "row {r}, token {t}");
+            } else {
+                assert_eq!(g, f32::NEG_INFINITY, "row {r}, token {t}");
+            }
+        }
+    }
+    m.truncate(0);
+    m.restrict_vocabulary(None).unwrap();
+    assert!(m.forward(&prompt).unwrap().row(3) == want.row(3));
+    let e = m.restrict_vocabulary(Some(&[1u32 << 30])).unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        format!(
+            "trimmed: cannot score token id 1073741824: the vocabulary has {} tokens",
+            want.vocab()
+        )
+    );
+}
+
 #[test]
 fn rollback_then_refeed_equals_a_fresh_forward() {
     let _s = serial();

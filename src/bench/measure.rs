@@ -39,7 +39,8 @@ pub fn measure_costs(
     let models: Vec<&LoadedModel> = std::iter::once(target)
         .chain(others.iter().copied())
         .collect();
-    let measured = costs::measure(&models, REPS)?;
+    let subjects: Vec<costs::Subject> = models.iter().map(|&m| m.into()).collect();
+    let measured = costs::measure(&subjects, REPS)?;
     let (t, tp) = (
         measured[0].decode_seconds,
         target.weights.param_count() as f64,

@@ -241,9 +241,11 @@ pub fn plan(args: PlanArgs) -> Result<()> {
 }
 
 pub fn calibrate(args: CalibrateArgs) -> Result<()> {
-    use cascade::costs::CostCache;
+    use cascade::costs::{CostCache, Subject};
     let mut store = ModelStore::default();
     let mut models = Vec::new();
+    // Drafters with a trimmed vocabulary: their model and the tokens they score.
+    let mut trimmed: Vec<(Arc<cascade::model::LoadedModel>, Arc<[u32]>)> = Vec::new();
     for path in &args.configs {
         let plan = load_plan(path, &RawConfig::load(path)?)?;
         for m in plan.models() {
@@ -262,18 +264,37 @@ pub fn calibrate(args: CalibrateArgs) -> Result<()> {
                 models.push(loaded);
             }
         }
+        for (name, m, v) in plan.trimmed() {
+            let model = store.load(&m.path, m.tokenizer.as_deref(), &mut |_, _| {})?;
+            let table = cascade::ngram::BigramTable::load(&v.table)?;
+            table.check_tokenizer(&model.tokenizer, &v.table)?;
+            let tokens = cascade::config::trimmed_tokens(v, &model, &table, name)?;
+            if !trimmed
+                .iter()
+                .any(|(x, t)| x.path == model.path && *t == tokens)
+            {
+                trimmed.push((model, tokens));
+            }
+        }
     }
     let path = args.cache.unwrap_or_else(CostCache::default_path);
     let mut cache = CostCache::open(&path)?;
-    let refs: Vec<&cascade::model::LoadedModel> = models.iter().map(|m| m.as_ref()).collect();
-    let costs = cache.costs(&refs, true, &mut |names| {
+    let subjects: Vec<Subject> = models
+        .iter()
+        .map(|m| m.as_ref().into())
+        .chain(trimmed.iter().map(|(m, t)| Subject {
+            model: m,
+            vocabulary: Some(t),
+        }))
+        .collect();
+    let costs = cache.costs(&subjects, true, &mut |names| {
         eprintln!("measuring {}", names.join(", "))
     })?;
     println!("| model | decode ms | r(2) | r(4) | r(8) | r(16) | ms per 100 tokens of context |\n|---|---|---|---|---|---|---|");
-    for (m, c) in models.iter().zip(&costs) {
+    for (&s, c) in subjects.iter().zip(&costs) {
         println!(
             "| {} | {:.1} | {:.2} | {:.2} | {:.2} | {:.2} | {:.1} |",
-            cascade::config::file_label(&m.path),
+            CostCache::label(s),
             c.decode_seconds * 1e3,
             c.ratio(2.0),
             c.ratio(4.0),

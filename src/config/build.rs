@@ -1,9 +1,9 @@
 //! From a validated [`Plan`] to an [`Engine`]: models loaded once per file, tables once per
 //! path, costs measured once per machine where drafts are sized adaptively.
 
-use super::validate::{DrafterNode, DrafterPlan, ModelPlan, Plan};
+use super::validate::{DrafterNode, DrafterPlan, ModelPlan, Plan, TrimmedVocabulary};
 use super::{PluginContext, Registry};
-use crate::costs::{CostCache, ForwardCost};
+use crate::costs::{CostCache, ForwardCost, Subject};
 use crate::drafter::{
     AdaptiveCascade, BigramDrafter, Drafter, HorizontalCascade, MaxGramDrafter, NeuralDrafter,
     VerticalCascade,
@@ -88,12 +88,17 @@ impl Builder<'_> {
 
     /// The measured forward cost of `model` on this machine (measured now if not cached).
     fn cost(&mut self, model: &LoadedModel) -> Result<ForwardCost> {
+        self.subject_cost(model.into())
+    }
+
+    /// [`Builder::cost`] for a model, or a model with a trimmed vocabulary.
+    fn subject_cost(&mut self, subject: Subject) -> Result<ForwardCost> {
         if self.costs.is_none() {
             self.costs = Some(CostCache::open(&CostCache::default_path())?);
         }
         let cache = self.costs.as_mut().expect("opened above");
         let progress = &mut *self.progress;
-        let cost = cache.costs(&[model], false, &mut |names| {
+        let cost = cache.costs(&[subject], false, &mut |names| {
             progress(
                 &format!("measuring {} (once per machine)", names.join(", ")),
                 0,
@@ -113,19 +118,43 @@ impl Builder<'_> {
         Ok(table)
     }
 
+    /// The tokens the trimmed vocabulary `v` of drafter `name` always scores.
+    fn vocabulary(
+        &mut self,
+        v: &TrimmedVocabulary,
+        model: &LoadedModel,
+        name: &str,
+    ) -> Result<Arc<[u32]>> {
+        let table = self.table(&v.table, model)?;
+        trimmed_tokens(v, model, &table, name)
+    }
+
     /// The drafter for `node` over `target` (whose vocabulary every model must share).
     fn drafter(&mut self, node: &DrafterNode, target: &LoadedModel) -> Result<Box<dyn Drafter>> {
         let name = node.name.as_str();
         Ok(match &node.kind {
-            DrafterPlan::Model(m) => {
+            DrafterPlan::Model {
+                model: m,
+                vocabulary,
+            } => {
                 let model = self.model(m)?;
                 check_vocab(target, "target", &model, name)?;
                 let instance = model.instance(&file_label(&m.path), self.context);
-                let drafter = NeuralDrafter::new(name, Box::new(instance));
-                Box::new(if self.adaptive {
-                    drafter.with_cost(&self.cost(&model)?)
-                } else {
-                    drafter
+                let mut drafter = NeuralDrafter::new(name, Box::new(instance));
+                let tokens = match vocabulary {
+                    Some(v) => Some(self.vocabulary(v, &model, name)?),
+                    None => None,
+                };
+                if self.adaptive {
+                    let subject = Subject {
+                        model: &model,
+                        vocabulary: tokens.as_deref(),
+                    };
+                    drafter = drafter.with_cost(&self.subject_cost(subject)?);
+                }
+                Box::new(match tokens {
+                    Some(t) => drafter.with_vocabulary(t),
+                    None => drafter,
                 })
             }
             DrafterPlan::Bigram { table, sample } => Box::new(BigramDrafter::new(
@@ -187,6 +216,46 @@ impl Builder<'_> {
             }
         })
     }
+}
+
+/// The tokens the trimmed vocabulary `v` of drafter `name` always scores: the `v.tokens` most
+/// frequent of `table`'s corpus (its table, checked against `model`'s tokenizer), and the
+/// end-of-sequence tokens.
+pub fn trimmed_tokens(
+    v: &TrimmedVocabulary,
+    model: &LoadedModel,
+    table: &BigramTable,
+    name: &str,
+) -> Result<Arc<[u32]>> {
+    let size = model.weights.vocab_size();
+    if v.tokens >= size {
+        return Err(Error::config(
+            format!("drafters.{name}.vocabulary"),
+            format!(
+                "{} is not below the model's vocabulary ({size} tokens): leave it out to score every token",
+                v.tokens
+            ),
+        ));
+    }
+    let ranking = table.ranking();
+    if ranking.is_empty() {
+        return Err(Error::config(
+            format!("drafters.{name}.vocabulary_table"),
+            format!(
+                "{} has no token ranking (an older format); rebuild it with `cascade ngram build`",
+                v.table.display()
+            ),
+        ));
+    }
+    let eos = model.tokenizer.eos_ids();
+    let mut tokens: Vec<u32> = ranking[..v.tokens.min(ranking.len())]
+        .iter()
+        .chain(eos)
+        .copied()
+        .collect();
+    tokens.sort_unstable();
+    tokens.dedup();
+    Ok(tokens.into())
 }
 
 /// A drafter must speak the target's vocabulary: same tokens at the same ids, same logits width.

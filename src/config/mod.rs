@@ -36,7 +36,7 @@ mod registry;
 mod schema;
 mod validate;
 
-pub use build::{check_vocab, file_label};
+pub use build::{check_vocab, file_label, trimmed_tokens};
 pub use registry::{PluginContext, Registry};
 pub use schema::{RawConfig, RawDrafter, RawGeneration, RawTarget, BUILT_IN_KINDS};
-pub use validate::{DrafterNode, DrafterPlan, KMatrixRole, ModelPlan, Plan};
+pub use validate::{DrafterNode, DrafterPlan, KMatrixRole, ModelPlan, Plan, TrimmedVocabulary};

@@ -64,6 +64,11 @@ pub enum RawDrafter {
         model: ModelSource,
         /// A `tokenizer.json` instead of the GGUF's own tokenizer.
         tokenizer: Option<PathBuf>,
+        /// Score only this many of the most frequent tokens of `vocabulary_table`'s corpus
+        /// (plus each prompt's own tokens and the end-of-sequence tokens).
+        vocabulary: Option<usize>,
+        /// The bigram table whose token ranking `vocabulary` reads.
+        vocabulary_table: Option<PathBuf>,
     },
     /// Follows a bigram table (built with `cascade ngram build`).
     Bigram {

@@ -30,6 +30,15 @@ pub struct Plan {
     pub registry: Registry,
 }
 
+/// A draft model's trimmed vocabulary: the `tokens` most frequent tokens of `table`'s corpus.
+#[derive(Clone, Debug)]
+pub struct TrimmedVocabulary {
+    /// How many of the most frequent tokens.
+    pub tokens: usize,
+    /// The bigram table holding the ranking.
+    pub table: PathBuf,
+}
+
 /// A model file resolved to a path, with its tokenizer override.
 #[derive(Clone, Debug)]
 pub struct ModelPlan {
@@ -86,7 +95,31 @@ impl Plan {
     }
 }
 
+impl Plan {
+    /// Every neural drafter with a trimmed vocabulary: its node's name, model and vocabulary.
+    pub fn trimmed(&self) -> Vec<(&str, &ModelPlan, &TrimmedVocabulary)> {
+        let mut out = Vec::new();
+        if let Some(d) = &self.drafter {
+            d.trimmed(&mut out);
+        }
+        out
+    }
+}
+
 impl DrafterNode {
+    fn trimmed<'a>(&'a self, out: &mut Vec<(&'a str, &'a ModelPlan, &'a TrimmedVocabulary)>) {
+        match &self.kind {
+            DrafterPlan::Model {
+                model,
+                vocabulary: Some(v),
+            } => out.push((&self.name, model, v)),
+            DrafterPlan::Vertical { inner, .. } => inner.trimmed(out),
+            DrafterPlan::Horizontal { parts } => parts.iter().for_each(|(n, _)| n.trimmed(out)),
+            DrafterPlan::Adaptive { parts } => parts.iter().for_each(|n| n.trimmed(out)),
+            _ => {}
+        }
+    }
+
     fn models<'a>(&'a self, out: &mut Vec<&'a ModelPlan>) {
         let mut add = |m: &'a ModelPlan| {
             if !out.iter().any(|x| x.path == m.path) {
@@ -94,7 +127,7 @@ impl DrafterNode {
             }
         };
         match &self.kind {
-            DrafterPlan::Model(m) => add(m),
+            DrafterPlan::Model { model, .. } => add(model),
             DrafterPlan::Vertical {
                 reviewer, inner, ..
             } => {
@@ -126,7 +159,12 @@ impl DrafterNode {
 #[derive(Clone, Debug)]
 pub enum DrafterPlan {
     /// A neural drafter.
-    Model(ModelPlan),
+    Model {
+        /// Its model.
+        model: ModelPlan,
+        /// Its trimmed vocabulary, if any.
+        vocabulary: Option<TrimmedVocabulary>,
+    },
     /// A bigram table drafter.
     Bigram {
         /// The table file.
@@ -352,8 +390,38 @@ impl Validator<'_> {
         stack.push(name.to_string());
         let here = format!("drafters.{name}");
         let kind = match raw {
-            RawDrafter::Model { model, tokenizer } => {
-                DrafterPlan::Model(self.model(model, tokenizer, &here)?)
+            RawDrafter::Model {
+                model,
+                tokenizer,
+                vocabulary,
+                vocabulary_table,
+            } => {
+                let vocabulary = match (vocabulary, vocabulary_table) {
+                    (None, None) => None,
+                    (Some(n), Some(t)) => {
+                        in_range(&format!("{here}.vocabulary"), *n, 1, MAX_CONTEXT, "tokens")?;
+                        Some(TrimmedVocabulary {
+                            tokens: *n,
+                            table: self.file(t, format!("{here}.vocabulary_table"))?,
+                        })
+                    }
+                    (Some(_), None) => {
+                        return Err(Error::config(
+                            format!("{here}.vocabulary"),
+                            "needs `vocabulary_table`: a bigram table (`cascade ngram build`) whose corpus ranks the tokens",
+                        ))
+                    }
+                    (None, Some(_)) => {
+                        return Err(Error::config(
+                            format!("{here}.vocabulary_table"),
+                            "is read only with `vocabulary` (how many of its most frequent tokens to score)",
+                        ))
+                    }
+                };
+                DrafterPlan::Model {
+                    model: self.model(model, tokenizer, &here)?,
+                    vocabulary,
+                }
             }
             RawDrafter::Bigram { table, sample } => DrafterPlan::Bigram {
                 table: self.file(table, format!("{here}.table"))?,

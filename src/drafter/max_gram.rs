@@ -396,7 +396,7 @@ mod tests {
         let mut counts = FxHashMap::default();
         counts.insert((9, 4), 3);
         counts.insert((4, 6), 1);
-        let table = Arc::new(BigramTable::from_counts(&counts, 16, 2, 0));
+        let table = Arc::new(BigramTable::from_counts(&counts, &[], 16, 2, 0));
         let policy = MaxGramPolicy {
             max_ngram: 8,
             min_match: 1,

@@ -5,6 +5,7 @@ use crate::draft::{Draft, Drafter, NodeKind, NodeStats, Request};
 use crate::error::Result;
 use crate::model::{Model, SyncedModel};
 use crate::sampling::{softmax_max, Dist};
+use std::sync::Arc;
 
 /// Samples tokens one at a time from its model, reporting each token's distribution. Its
 /// confidence in a token is the largest probability of the distribution it is drawn from.
@@ -15,6 +16,9 @@ pub struct NeuralDrafter {
     /// pass (free if unknown). Measured once, not a live clock, so that a seed reproduces its
     /// output.
     cost: Option<ForwardCost>,
+    /// A trimmed vocabulary: the tokens always scored (a corpus's most frequent ones and the
+    /// end-of-sequence tokens); each prompt's own tokens join them.
+    vocabulary: Option<Arc<[u32]>>,
 }
 
 impl NeuralDrafter {
@@ -24,7 +28,17 @@ impl NeuralDrafter {
             name: name.into(),
             model: SyncedModel::new(model),
             cost: None,
+            vocabulary: None,
         }
+    }
+
+    /// Scores only `tokens` plus each prompt's own tokens (FR-Spec's frequency-ranked draft
+    /// vocabulary): most of the output projection is skipped, and a token outside the set is
+    /// never drafted. The review stays exact: the drafter reports the distribution over the
+    /// set that it sampled from.
+    pub fn with_vocabulary(mut self, tokens: Arc<[u32]>) -> Self {
+        self.vocabulary = Some(tokens);
+        self
     }
 
     /// Sets its model's measured forward cost on this machine.
@@ -83,6 +97,12 @@ impl Drafter for NeuralDrafter {
 
     fn start(&mut self, prompt: &[u32]) -> Result<()> {
         self.model.reset();
+        if let Some(base) = &self.vocabulary {
+            let mut tokens: Vec<u32> = base.iter().chain(prompt).copied().collect();
+            tokens.sort_unstable();
+            tokens.dedup();
+            self.model.model_mut().restrict_vocabulary(Some(&tokens))?;
+        }
         self.model.prepare(prompt)
     }
 

@@ -55,6 +55,20 @@ pub trait Model: Send {
 
     /// The most positions the cache may hold.
     fn max_len(&self) -> usize;
+
+    /// Computes logits for `tokens` only, the others coming out as `-inf` (probability 0), or
+    /// for the whole vocabulary again with `None`: a draft model's trimmed vocabulary, which
+    /// saves most of its output projection. Exactness does not depend on it, since a drafter
+    /// reports the distribution it sampled from. Models that cannot trim refuse.
+    fn restrict_vocabulary(&mut self, tokens: Option<&[u32]>) -> Result<()> {
+        match tokens {
+            None => Ok(()),
+            Some(_) => Err(Error::config(
+                self.name(),
+                "this model cannot trim its vocabulary",
+            )),
+        }
+    }
 }
 
 /// Logits for consecutive positions, `rows() x vocab` row-major.

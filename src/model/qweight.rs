@@ -38,6 +38,15 @@ macro_rules! block_kinds {
             fn dtype(&self) -> GgmlDType {
                 match self { $(Blocks::$variant(_) => <$ty as GgmlType>::DTYPE),* }
             }
+
+            fn select_rows(&self, rows: &[u32], blocks_per_row: usize) -> Blocks {
+                let kb = blocks_per_row;
+                match self {
+                    $(Blocks::$variant(b) => Blocks::$variant(
+                        rows.iter().flat_map(|&r| &b[r as usize * kb..(r as usize + 1) * kb]).cloned().collect()
+                    )),*
+                }
+            }
         }
     };
 }
@@ -158,6 +167,23 @@ impl QWeight {
             Storage::Candle(blocks) => blocks.matmul(mkn, lhs, dst)?,
         }
         Ok(())
+    }
+
+    /// A matrix of the rows `rows` of this one, in that order (a draft model's output
+    /// projection trimmed to part of the vocabulary). Panics if a row is out of range.
+    pub fn select_rows(&self, rows: &[u32]) -> Self {
+        assert!(rows.iter().all(|&r| (r as usize) < self.rows));
+        let storage = match &self.storage {
+            Storage::Candle(b) => {
+                Storage::Candle(b.select_rows(rows, self.cols / self.dtype().block_size()))
+            }
+            Storage::Packed(p) => Storage::Packed(p.select_rows(rows, self.cols)),
+        };
+        Self {
+            storage,
+            rows: rows.len(),
+            cols: self.cols,
+        }
     }
 
     /// Dequantizes row `row` (an embedding lookup, or a 1-D weight such as a norm).

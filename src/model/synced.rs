@@ -38,6 +38,11 @@ impl SyncedModel {
         self.model.as_ref()
     }
 
+    /// The wrapped model, to change its settings (its cache must be left to this wrapper).
+    pub fn model_mut(&mut self) -> &mut dyn Model {
+        self.model.as_mut()
+    }
+
     /// Forgets the cache and the counters: a new sequence starts.
     pub fn reset(&mut self) {
         self.model.truncate(0);

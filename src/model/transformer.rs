@@ -276,6 +276,8 @@ pub struct Transformer {
     weights: Arc<Weights>,
     cache: KvCache,
     max_len: usize,
+    /// The output projection's rows for a trimmed vocabulary, and their token ids.
+    trimmed: Option<(QWeight, Vec<u32>)>,
 }
 
 impl Transformer {
@@ -289,6 +291,7 @@ impl Transformer {
             cache: KvCache::new(c.layers, c.kv_heads, c.head_dim),
             weights,
             max_len,
+            trimmed: None,
         }
     }
 
@@ -376,10 +379,39 @@ impl Model for Transformer {
             .hidden(tokens)
             .inspect_err(|_| self.cache.discard_uncommitted())?;
         let w = &*self.weights;
-        let out = w.output();
-        let mut data = vec![0f32; tokens.len() * out.rows()];
-        time(Section::Output, || out.matmul(&hidden, &mut data))?;
-        Ok(Logits::new(data, out.rows()))
+        let vocab = w.vocab_size();
+        let Some((out, ids)) = &self.trimmed else {
+            let mut data = vec![0f32; tokens.len() * vocab];
+            time(Section::Output, || w.output().matmul(&hidden, &mut data))?;
+            return Ok(Logits::new(data, vocab));
+        };
+        let mut some = vec![0f32; tokens.len() * ids.len()];
+        time(Section::Output, || out.matmul(&hidden, &mut some))?;
+        let mut data = vec![f32::NEG_INFINITY; tokens.len() * vocab];
+        for (row, logits) in data.chunks_mut(vocab).zip(some.chunks(ids.len())) {
+            for (&t, &l) in ids.iter().zip(logits) {
+                row[t as usize] = l;
+            }
+        }
+        Ok(Logits::new(data, vocab))
+    }
+
+    fn restrict_vocabulary(&mut self, tokens: Option<&[u32]>) -> Result<()> {
+        let vocab = self.weights.vocab_size();
+        self.trimmed = match tokens {
+            None => None,
+            Some(ids) => {
+                if let Some(&t) = ids.iter().find(|&&t| t as usize >= vocab) {
+                    return Err(Error::config(
+                        &self.name,
+                        format!("cannot score token id {t}: the vocabulary has {vocab} tokens"),
+                    ));
+                }
+                let out = self.weights.output();
+                Some((out.select_rows(ids), ids.to_vec()))
+            }
+        };
+        Ok(())
     }
 
     fn prefill(&mut self, tokens: &[u32]) -> Result<()> {

@@ -18,6 +18,8 @@ pub struct ToyModel {
     pub tokens: Vec<u32>,
     pub max_len: usize,
     pub calls: usize,
+    /// A trimmed vocabulary: the tokens scored (the others get `-inf`).
+    pub scored: Option<Vec<u32>>,
 }
 
 impl ToyModel {
@@ -29,6 +31,7 @@ impl ToyModel {
             tokens: Vec::new(),
             max_len: 4096,
             calls: 0,
+            scored: None,
         }
     }
 
@@ -62,9 +65,21 @@ impl Model for ToyModel {
         let mut data = Vec::new();
         for &t in tokens {
             self.tokens.push(t);
-            data.extend(self.logits_after(&self.tokens));
+            let mut row = self.logits_after(&self.tokens);
+            if let Some(scored) = &self.scored {
+                for (i, l) in row.iter_mut().enumerate() {
+                    if !scored.contains(&(i as u32)) {
+                        *l = f32::NEG_INFINITY;
+                    }
+                }
+            }
+            data.extend(row);
         }
         Ok(Logits::new(data, self.vocab))
+    }
+    fn restrict_vocabulary(&mut self, tokens: Option<&[u32]>) -> cascade::Result<()> {
+        self.scored = tokens.map(<[u32]>::to_vec);
+        Ok(())
     }
     fn len(&self) -> usize {
         self.tokens.len()

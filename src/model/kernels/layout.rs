@@ -80,6 +80,7 @@ const fn slot(v: usize) -> (usize, usize) {
 
 /// A Q4_K block: the nibbles of vector `z` are in `qs[64 * (z / 2)..]`, low nibbles for even
 /// `z`, high for odd; one scale and one min per 32 values, unpacked.
+#[derive(Clone)]
 #[repr(C)]
 pub struct PackedQ4K {
     pub(super) d: u16,
@@ -91,6 +92,7 @@ pub struct PackedQ4K {
 
 /// A Q6_K block: the low four bits as in [`PackedQ4K`], bits 4-5 of vector `z` in bits
 /// `2z..2z + 2` of `qh`; values are stored plus 32; one scale per 16 values.
+#[derive(Clone)]
 #[repr(C)]
 pub struct PackedQ6K {
     pub(super) d: u16,
@@ -102,6 +104,7 @@ pub struct PackedQ6K {
 /// Eight Q5_0 blocks for AVX-512: the low four bits as in [`PackedQ4K`], bit 4 of vector `z`'s
 /// 64 values as the mask `qh[z]` (one bit per byte); values are stored plus 16; one scale per
 /// 32 values.
+#[derive(Clone)]
 #[repr(C)]
 pub struct PackedQ5_0 {
     pub(super) d: [u16; 8],
@@ -112,6 +115,7 @@ pub struct PackedQ5_0 {
 /// Eight Q5_0 blocks for AVX2: as [`PackedQ5_0`], but bit 4 in bit planes: bit `4h + z` of
 /// `qh[i]` is bit 4 of the value at byte `32h + i` of vector `z`, so that one load and a shift
 /// per vector recover them.
+#[derive(Clone)]
 #[repr(C)]
 pub struct PackedQ5_0Planes {
     pub(super) d: [u16; 8],
@@ -120,6 +124,7 @@ pub struct PackedQ5_0Planes {
 }
 
 /// Eight Q8_0 blocks, values stored plus 128; one scale per 32 values.
+#[derive(Clone)]
 #[repr(C)]
 pub struct PackedQ8_0 {
     pub(super) d: [u16; 8],
@@ -128,6 +133,7 @@ pub struct PackedQ8_0 {
 
 /// Eight Q4_0 blocks, nibbles as in [`PackedQ4K`]; values are stored plus 8; one scale per
 /// 32 values.
+#[derive(Clone)]
 #[repr(C)]
 pub struct PackedQ4_0 {
     pub(super) d: [u16; 8],
@@ -136,6 +142,7 @@ pub struct PackedQ4_0 {
 
 /// Eight Q4_1 blocks, nibbles as in [`PackedQ4K`]; value = `d * q + m`, one `d` and one `m`
 /// per 32 values.
+#[derive(Clone)]
 #[repr(C)]
 pub struct PackedQ4_1 {
     pub(super) d: [u16; 8],

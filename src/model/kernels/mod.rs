@@ -199,6 +199,31 @@ impl Packed {
         }
     }
 
+    /// The weight rows `rows` (in that order) of a matrix of `cols` values per row: rows are
+    /// stored one after another, so their blocks are copied as they are.
+    pub fn select_rows(&self, rows: &[u32], cols: usize) -> Self {
+        fn pick<T: Clone>(blocks: &[T], rows: &[u32], kb: usize) -> Vec<T> {
+            rows.iter()
+                .flat_map(|&r| &blocks[r as usize * kb..(r as usize + 1) * kb])
+                .cloned()
+                .collect()
+        }
+        let kb = cols.div_ceil(QK);
+        let blocks = match &self.blocks {
+            Blocks::Q4K(b) => Blocks::Q4K(pick(b, rows, kb)),
+            Blocks::Q6K(b) => Blocks::Q6K(pick(b, rows, kb)),
+            Blocks::Q5_0(b) => Blocks::Q5_0(pick(b, rows, kb)),
+            Blocks::Q5_0Planes(b) => Blocks::Q5_0Planes(pick(b, rows, kb)),
+            Blocks::Q8_0(b) => Blocks::Q8_0(pick(b, rows, kb)),
+            Blocks::Q4_0(b) => Blocks::Q4_0(pick(b, rows, kb)),
+            Blocks::Q4_1(b) => Blocks::Q4_1(pick(b, rows, kb)),
+        };
+        Self {
+            blocks,
+            kernels: self.kernels,
+        }
+    }
+
     /// Dequantizes row `row` (of `dst.len()` values) into `dst`.
     pub fn dequantize_row(&self, row: usize, dst: &mut [f32]) {
         let kb = dst.len().div_ceil(QK);
