@@ -1,26 +1,24 @@
-//! AVX2 kernels (with FMA and F16C): `vpmaddubsw` products summed in 16 bits as far as the
-//! values allow, then widened by `vpmaddwd`.
+//! AVX2 kernels (with FMA and F16C), on the [`NARROW`] layout: a 32-bit lane of a 32-byte
+//! vector holds values of one 32-value group, so the 16-bit products of a lane's eight vectors
+//! add up before a single widening per block.
 //!
 //! AVX2 has no 8-bit dot product into 32 bits. `vpmaddubsw` multiplies unsigned weight bytes
 //! by signed activation bytes and adds adjacent pairs into 16 bits, saturating; `vpmaddwd`
 //! then widens pairs to 32 bits. The widening costs as much as the products, so the kernels
 //! add the 16-bit products of several vectors first, as far as no sum can overflow: with
 //! activations in -127..=127, a 16-bit product of weights below `w` is at most `2 * 127 * w`,
-//! so four vectors of 5-bit weights fit (4 * 7,874 < 32,768), two of 6-bit Q6_K weights, and
-//! Q8_0 weights (signed) take the usual sign transfer (`|w|` times the activation with the
-//! sign of `w`) one vector at a time.
+//! so all eight vectors of 4-bit weights fit (8 * 3,810 < 32,768), four of 5-bit Q5_0 weights,
+//! two of 6-bit Q6_K weights, and Q8_0 weights (signed) take the usual sign transfer (`|w|`
+//! times the activation with the sign of `w`) one vector at a time. Q4_K and Q6_K multiply
+//! their integer sub-block scales into the widening itself.
 //!
-//! A 64-byte vector of the layout is two 32-byte halves: groups 0-7 and groups 8-15. Formats
-//! with one scale per 32 values add the two groups of each 32 with one `vphaddd` and apply
-//! the scales as floats; Q6_K (one scale per 16) multiplies its integer scales into the
-//! widening `vpmaddwd` itself.
-//!
-//! Weight vectors are unpacked once per block for up to [`GROUP`] activation rows, and each
-//! (weight row, activation row) pair goes through the same operations whatever the number of
-//! rows, so a k-row product equals k one-row products bit for bit.
+//! A weight block is unpacked into registers once ([`Block::unpack`]) and then multiplied by
+//! every activation row's block ([`Block::dot`]). Each (weight row, activation row) pair goes
+//! through the same operations whatever the number of rows, so a k-row product equals k
+//! one-row products bit for bit.
 
 use super::layout::{
-    f16_to_f32, PackedQ4K, PackedQ4_0, PackedQ4_1, PackedQ5_0Planes, PackedQ6K, PackedQ8_0, QK,
+    PackedQ4K, PackedQ4_0, PackedQ4_1, PackedQ5_0Planes, PackedQ6K, PackedQ8_0, NARROW, QK,
 };
 use super::{for_each_output, prefetch, Tile};
 use std::arch::x86_64::*;
@@ -53,8 +51,8 @@ pub(super) unsafe fn matmul<B: Block + Sync>(
     });
 }
 
-/// 256 activations quantized to 8 bits, in the kernel layout, with the integer sum of each
-/// 16-value group and the sum of each 32 values times its scale (for mins and offsets).
+/// 256 activations quantized to 8 bits, in the [`NARROW`] layout, with the integer sum of
+/// each 16-value group and the sum of each 32 values times its scale (for mins and offsets).
 ///
 /// Formats with one weight scale per 256 values (Q4_K, Q6_K) take one activation scale per
 /// block, as the AVX-512 kernels and candle's Q8_K do. Formats with one scale per 32 (Q4_0,
@@ -65,8 +63,8 @@ pub(super) struct ActBlock {
     qs: [i8; QK],
     bsums: [i16; 16],
     sums32: [f32; 8],
-    /// The scale of each 32 values in [`PAIRED`] order (all `d` with one scale per block).
-    dp: [f32; 8],
+    /// The scale of each 32 values (all `d` with one scale per block).
+    d32: [f32; 8],
     d: f32,
 }
 
@@ -96,10 +94,10 @@ impl ActBlock {
         let p = x.as_ptr();
         let sign = _mm256_set1_ps(-0.0);
         // The largest magnitude of each 32 values (max is exact, so the block's is theirs).
-        let amax32: [f32; 8] = std::array::from_fn(|s| {
+        let amax32: [f32; 8] = std::array::from_fn(|l| {
             let mut m = _mm256_setzero_ps();
             for i in 0..4 {
-                let v = _mm256_loadu_ps(p.add(32 * s + 8 * i));
+                let v = _mm256_loadu_ps(p.add(32 * l + 8 * i));
                 m = _mm256_max_ps(m, _mm256_andnot_ps(sign, v));
             }
             let lanes: [f32; 8] = std::mem::transmute(m);
@@ -112,89 +110,75 @@ impl ActBlock {
             qs: [0; QK],
             bsums: [0; 16],
             sums32: [0.0; 8],
-            dp: PAIRED.map(|i| d32[i as usize]),
+            d32,
             d: amax / 127.0,
         };
-        for g in 0..16 {
-            let amax = amax32[g / 2];
+        // Lane l of vector z holds values 32l + 4z .. 32l + 4z + 4.
+        let lanes = block.qs.as_mut_ptr() as *mut [i8; 4];
+        for (l, &amax) in amax32.iter().enumerate() {
             if amax == 0.0 {
                 continue; // all zeros
             }
             // Rounds to nearest, ties to even (the default MXCSR mode), as the AVX-512
             // kernels do.
             let iscale = _mm256_set1_ps(127.0 / amax);
-            let q = |o: usize| _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(p.add(o)), iscale));
-            let q: [i32; 16] = std::mem::transmute([q(16 * g), q(16 * g + 8)]);
-            // Group g is lane g of the four vectors: values 16g + 4z.. in vector z.
-            for (i, &v) in q.iter().enumerate() {
-                block.qs[64 * (i / 4) + 4 * g + i % 4] = v as i8;
+            let q: [[i32; 8]; 4] = std::array::from_fn(|i| {
+                let v = _mm256_mul_ps(_mm256_loadu_ps(p.add(32 * l + 8 * i)), iscale);
+                std::mem::transmute(_mm256_cvtps_epi32(v))
+            });
+            let q: [i32; 32] = std::mem::transmute(q);
+            for (z, four) in q.chunks_exact(4).enumerate() {
+                *lanes.add(8 * z + l) = std::array::from_fn(|i| four[i] as i8);
             }
-            block.bsums[g] = q.iter().sum::<i32>() as i16;
-        }
-        for (s, sum) in block.sums32.iter_mut().enumerate() {
-            let ints = block.bsums[2 * s] as i32 + block.bsums[2 * s + 1] as i32;
-            *sum = ints as f32 * d32[s];
+            for (h, half) in q.chunks_exact(16).enumerate() {
+                block.bsums[2 * l + h] = half.iter().sum::<i32>() as i16;
+            }
+            let ints = block.bsums[2 * l] as i32 + block.bsums[2 * l + 1] as i32;
+            block.sums32[l] = ints as f32 * d32[l];
         }
         block
     }
 }
 
-/// What the kernels need of a packed block format.
+/// What the kernels need of a packed block format: unpacking into registers once, then a dot
+/// product with each activation row's block.
 pub(super) trait Block {
-    /// Weights are signed bytes (Q8_0): products take `|w|` and the activation times the sign
-    /// of `w`.
-    const SIGNED: bool = false;
-    /// Consecutive vectors whose 16-bit products can be added before widening (1, 2 or 4).
-    const SPAN: usize;
     /// One weight scale per 32 values: activations take one per 32 too ([`ActBlock`]).
     const PER32: bool = false;
-    /// Per-block scales, unpacked once for all activation rows.
-    type Scales;
+    /// The block in registers: its eight value vectors and its scales.
+    type Unpacked;
 
     /// # Safety
     /// The CPU must have AVX2 and F16C.
-    unsafe fn scales(&self) -> Self::Scales;
+    unsafe fn unpack(&self) -> Self::Unpacked;
 
-    /// The four vectors (z = 0..4) of half `h` (0 or 1) of the block, as bytes.
-    ///
-    /// # Safety
-    /// The CPU must have AVX2.
-    unsafe fn half(&self, h: usize) -> [__m256i; 4];
-
-    /// Widens 16-bit sums of half `h` into 32-bit sums per 16-value group (lane).
-    ///
-    /// # Safety
-    /// The CPU must have AVX2.
-    #[inline(always)]
-    unsafe fn widen(_: &Self::Scales, _: usize, p: __m256i) -> __m256i {
-        _mm256_madd_epi16(p, _mm256_set1_epi16(1))
-    }
-
-    /// Adds the block's contribution to `acc`, from the 32-bit sums of the two halves.
+    /// `acc` plus the block's products with `a`, per lane (the caller sums the lanes).
     ///
     /// # Safety
     /// The CPU must have AVX2 and FMA.
-    unsafe fn finish(s: &Self::Scales, sums: [__m256i; 2], a: &ActBlock, acc: __m256) -> __m256;
+    unsafe fn dot(w: &Self::Unpacked, a: &ActBlock, acc: __m256) -> __m256;
 }
 
-/// Scales of a format with one scale per 32 values: per 32 values in the order `vphaddd`
-/// leaves them ([`PAIRED`]), and the offset per unit of activation sum in natural order.
-#[derive(Clone, Copy)]
-pub(super) struct Scales32 {
-    scale: __m256,
-    offset: __m256,
-}
-
-/// `vphaddd` of the two halves' group sums gives the 32-value sums in this order.
-const PAIRED: [i32; 8] = [0, 1, 4, 5, 2, 3, 6, 7];
-
-/// Eight values, one per 32 values, in [`PAIRED`] order.
+/// Vector `z` of an activation block.
 ///
 /// # Safety
-/// The CPU must have AVX2.
+/// The CPU must have AVX2 (the block is 32-byte aligned by its type); `z < 8`.
 #[inline(always)]
-unsafe fn paired(v: __m256) -> __m256 {
-    _mm256_permutevar8x32_ps(v, std::mem::transmute::<[i32; 8], __m256i>(PAIRED))
+unsafe fn act(a: &ActBlock, z: usize) -> __m256i {
+    _mm256_load_si256(a.qs.as_ptr().add(32 * z) as *const _)
+}
+
+/// The 16-bit products of weight vectors `w` with the activation vectors `z0..`, summed.
+///
+/// # Safety
+/// The CPU must have AVX2; `z0 + w.len() <= 8`.
+#[inline(always)]
+unsafe fn products(w: &[__m256i], a: &ActBlock, z0: usize) -> __m256i {
+    let mut sum = _mm256_maddubs_epi16(w[0], act(a, z0));
+    for (i, w) in w.iter().enumerate().skip(1) {
+        sum = _mm256_add_epi16(sum, _mm256_maddubs_epi16(*w, act(a, z0 + i)));
+    }
+    sum
 }
 
 /// Eight f16 scales as floats.
@@ -206,281 +190,303 @@ unsafe fn f16x8(d: &[u16; 8]) -> __m256 {
     _mm256_cvtph_ps(_mm_loadu_si128(d.as_ptr() as *const _))
 }
 
-/// `acc + Σ scale · a.dp · sums - Σ offset · a.sums32` for formats with one scale per 32.
-///
-/// # Safety
-/// The CPU must have AVX2 and FMA.
-#[inline(always)]
-unsafe fn finish32(s: &Scales32, sums: [__m256i; 2], a: &ActBlock, acc: __m256) -> __m256 {
-    let ints = _mm256_cvtepi32_ps(_mm256_hadd_epi32(sums[0], sums[1]));
-    let acc = _mm256_fmadd_ps(
-        ints,
-        _mm256_mul_ps(s.scale, _mm256_load_ps(a.dp.as_ptr())),
-        acc,
-    );
-    _mm256_fnmadd_ps(_mm256_load_ps(a.sums32.as_ptr()), s.offset, acc)
-}
-
-/// The four nibble vectors of half `h` of a layout's 128 nibble bytes.
+/// Eight bytes, each zero-extended into its own 32-bit lane; with `twice`, also into the
+/// lane's upper 16 bits (a `vpmaddwd` multiplier per lane).
 ///
 /// # Safety
 /// The CPU must have AVX2.
 #[inline(always)]
-unsafe fn nibbles(qs: &[u8; 128], h: usize) -> [__m256i; 4] {
-    let m4 = _mm256_set1_epi8(0x0f);
-    let [lo, hi] = [0, 64].map(|o| _mm256_loadu_si256(qs.as_ptr().add(o + 32 * h) as *const _));
-    [
-        _mm256_and_si256(lo, m4),
-        _mm256_and_si256(_mm256_srli_epi16(lo, 4), m4),
-        _mm256_and_si256(hi, m4),
-        _mm256_and_si256(_mm256_srli_epi16(hi, 4), m4),
-    ]
+unsafe fn byte_lanes(bytes: &[u8; 8], twice: bool) -> __m256i {
+    // Every 128 bits hold the eight bytes; lanes 0-3 take bytes 0-3, lanes 4-7 bytes 4-7.
+    let v = _mm256_set1_epi64x(i64::from_le_bytes(*bytes));
+    let upper = |l: i8| if twice { l } else { -128 };
+    let idx: [i8; 32] = std::array::from_fn(|i| match i % 4 {
+        0 => (i / 4) as i8,
+        2 => upper((i / 4) as i8),
+        _ => -128, // zero
+    });
+    _mm256_shuffle_epi8(v, std::mem::transmute::<[i8; 32], __m256i>(idx))
 }
 
-/// Q4_K scales: the integer scale of each 32 values twice per 32-bit lane, per half (for
-/// the widening), `d`, and the min times `dmin` per 32 values (natural order).
-pub(super) struct ScalesQ4K {
-    lanes: [__m256i; 2],
-    d: f32,
+/// The eight vectors of a layout's 128 nibble bytes.
+///
+/// # Safety
+/// The CPU must have AVX2.
+#[inline(always)]
+unsafe fn nibbles(qs: &[u8; 128]) -> [__m256i; 8] {
+    let m4 = _mm256_set1_epi8(0x0f);
+    let mut w = [_mm256_setzero_si256(); 8];
+    for p in 0..4 {
+        let v = _mm256_loadu_si256(qs.as_ptr().add(32 * p) as *const _);
+        w[2 * p] = _mm256_and_si256(v, m4);
+        w[2 * p + 1] = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+    }
+    w
+}
+
+/// `acc + (ints · scale) - sums32 · offset`, per lane.
+///
+/// # Safety
+/// The CPU must have AVX2 and FMA.
+#[inline(always)]
+unsafe fn finish(
+    ints: __m256i,
+    scale: __m256,
+    offset: __m256,
+    a: &ActBlock,
+    acc: __m256,
+) -> __m256 {
+    // Lane sums stay below 2^24, so the conversion is exact.
+    let acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ints), scale, acc);
+    _mm256_fnmadd_ps(_mm256_load_ps(a.sums32.as_ptr()), offset, acc)
+}
+
+/// A block of a format with one scale per 32 values (Q4_0, Q4_1, Q5_0, Q8_0) in registers:
+/// the value vectors, the scale per lane, and the offset per unit of activation sum.
+pub(super) struct Unpacked32 {
+    w: [__m256i; 8],
+    scale: __m256,
     offset: __m256,
 }
 
-impl Block for PackedQ4K {
-    const SPAN: usize = 4;
-    type Scales = ScalesQ4K;
+/// `acc` plus the products of a per-32 format whose lane sums are `ints`.
+///
+/// # Safety
+/// The CPU must have AVX2 and FMA.
+#[inline(always)]
+unsafe fn finish32(u: &Unpacked32, ints: __m256i, a: &ActBlock, acc: __m256) -> __m256 {
+    let scale = _mm256_mul_ps(u.scale, _mm256_load_ps(a.d32.as_ptr()));
+    finish(ints, scale, u.offset, a, acc)
+}
+
+/// A Q4_K block in registers: values, the integer scale per lane (twice, for `vpmaddwd`),
+/// `d`, and the min times `dmin` per lane.
+pub(super) struct UnpackedQ4K {
+    w: [__m256i; 8],
+    scales: __m256i,
+    d: __m256,
+    offset: __m256,
+}
+
+impl Block for PackedQ4K<NARROW> {
+    type Unpacked = UnpackedQ4K;
 
     #[inline(always)]
-    unsafe fn scales(&self) -> ScalesQ4K {
-        // Half h holds groups 8h..8h + 8, i.e. sub-blocks 4h..4h + 4, each over two lanes.
-        let sc = _mm256_cvtepu8_epi32(_mm_loadl_epi64(self.scales.as_ptr() as *const _));
-        let lanes = [[0, 0, 1, 1, 2, 2, 3, 3], [4, 4, 5, 5, 6, 6, 7, 7]].map(|idx: [i32; 8]| {
-            let idx = std::mem::transmute::<[i32; 8], __m256i>(idx);
-            let per_lane = _mm256_permutevar8x32_epi32(sc, idx);
-            // Each 32-bit lane holds the scale in both 16-bit halves.
-            _mm256_or_si256(per_lane, _mm256_slli_epi32(per_lane, 16))
-        });
-        let mins = _mm256_cvtepu8_epi32(_mm_loadl_epi64(self.mins.as_ptr() as *const _));
-        ScalesQ4K {
-            lanes,
-            d: f16_to_f32(self.d),
-            offset: _mm256_mul_ps(
-                _mm256_set1_ps(f16_to_f32(self.dmin)),
-                _mm256_cvtepi32_ps(mins),
-            ),
+    unsafe fn unpack(&self) -> UnpackedQ4K {
+        let dd = _mm_cvtph_ps(_mm_cvtsi32_si128(
+            (self.d as u32 | (self.dmin as u32) << 16) as i32,
+        ));
+        let mins = _mm256_cvtepi32_ps(byte_lanes(&self.mins, false));
+        UnpackedQ4K {
+            w: nibbles(&self.qs),
+            scales: byte_lanes(&self.scales, true),
+            d: _mm256_broadcastss_ps(dd),
+            offset: _mm256_mul_ps(_mm256_broadcastss_ps(_mm_movehdup_ps(dd)), mins),
         }
     }
 
     #[inline(always)]
-    unsafe fn half(&self, h: usize) -> [__m256i; 4] {
-        nibbles(&self.qs, h)
-    }
-
-    #[inline(always)]
-    unsafe fn widen(s: &ScalesQ4K, h: usize, p: __m256i) -> __m256i {
-        _mm256_madd_epi16(p, s.lanes[h])
-    }
-
-    #[inline(always)]
-    unsafe fn finish(s: &ScalesQ4K, sums: [__m256i; 2], a: &ActBlock, acc: __m256) -> __m256 {
-        // Lane sums stay below 2^24 (two groups of 16 products of at most 15 * 127, times a
-        // 6-bit scale), so the conversion is exact.
-        let ints = _mm256_cvtepi32_ps(_mm256_add_epi32(sums[0], sums[1]));
-        let acc = _mm256_fmadd_ps(ints, _mm256_set1_ps(s.d * a.d), acc);
-        _mm256_fnmadd_ps(_mm256_load_ps(a.sums32.as_ptr()), s.offset, acc)
+    unsafe fn dot(u: &UnpackedQ4K, a: &ActBlock, acc: __m256) -> __m256 {
+        let ints = _mm256_madd_epi16(products(&u.w, a, 0), u.scales);
+        let scale = _mm256_mul_ps(u.d, _mm256_broadcast_ss(&a.d));
+        finish(ints, scale, u.offset, a, acc)
     }
 }
 
-/// Q6_K scales: the integer scale of each group twice per 32-bit lane, per half (for the
-/// widening), 32 times each scale (for the offset of values stored plus 32), and `d`.
-pub(super) struct ScalesQ6K {
-    lanes: [__m256i; 2],
+/// A Q6_K block in registers: values, the integer scales of each lane's first and second 16
+/// values (twice per lane, for `vpmaddwd`), 32 times every scale (for the offset of values
+/// stored plus 32) and `d`.
+pub(super) struct UnpackedQ6K {
+    w: [__m256i; 8],
+    first: __m256i,
+    second: __m256i,
     offset: __m256i,
-    d: f32,
+    d: __m256,
 }
 
-impl Block for PackedQ6K {
-    const SPAN: usize = 2;
-    type Scales = ScalesQ6K;
+impl Block for PackedQ6K<NARROW> {
+    type Unpacked = UnpackedQ6K;
 
     #[inline(always)]
-    unsafe fn scales(&self) -> ScalesQ6K {
+    unsafe fn unpack(&self) -> UnpackedQ6K {
+        let low = nibbles(&self.ql);
+        let m30 = _mm256_set1_epi8(0x30);
+        let qh = [0, 32].map(|o| _mm256_loadu_si256(self.qh.as_ptr().add(o) as *const _));
+        // Bits 4-5 of vector z are bits 2(z % 4).. of qh[32 * (z / 4)..]: move them to 4-5.
+        let high = |z: usize| {
+            let q = qh[z / 4];
+            match z % 4 {
+                0 => _mm256_slli_epi16(q, 4),
+                1 => _mm256_slli_epi16(q, 2),
+                2 => q,
+                _ => _mm256_srli_epi16(q, 2),
+            }
+        };
+        let w = std::array::from_fn(|z| _mm256_or_si256(low[z], _mm256_and_si256(high(z), m30)));
+        // Scales s0..s15 as 16-bit values; group 2l and 2l + 1 belong to lane l.
         let sc = _mm256_cvtepi8_epi16(_mm_loadu_si128(self.scales.as_ptr() as *const _));
-        // Per 128-bit lane, unpacking duplicates each 16-bit scale; then reassemble halves.
-        let (lo, hi) = (_mm256_unpacklo_epi16(sc, sc), _mm256_unpackhi_epi16(sc, sc));
-        ScalesQ6K {
-            lanes: [
-                _mm256_permute2x128_si256(lo, hi, 0x20),
-                _mm256_permute2x128_si256(lo, hi, 0x31),
-            ],
+        #[rustfmt::skip]
+        let even = _mm256_setr_epi8(
+            0, 1, 0, 1, 4, 5, 4, 5, 8, 9, 8, 9, 12, 13, 12, 13,
+            0, 1, 0, 1, 4, 5, 4, 5, 8, 9, 8, 9, 12, 13, 12, 13,
+        );
+        let odd = _mm256_add_epi8(even, _mm256_set1_epi8(2));
+        // Lanes 0-3 need s0..s7 and lanes 4-7 s8..s15: the low and high 128 bits of `sc`.
+        UnpackedQ6K {
+            w,
+            first: _mm256_shuffle_epi8(sc, even),
+            second: _mm256_shuffle_epi8(sc, odd),
             offset: _mm256_slli_epi16(sc, 5),
-            d: f16_to_f32(self.d),
+            d: _mm256_set1_ps(super::layout::f16_to_f32(self.d)),
         }
     }
 
     #[inline(always)]
-    unsafe fn half(&self, h: usize) -> [__m256i; 4] {
-        let low = nibbles(&self.ql, h);
-        // Bits 4-5 of vector z are bits 2z..2z + 2 of `qh`: move them to bits 4-5.
-        let q = _mm256_loadu_si256(self.qh.as_ptr().add(32 * h) as *const _);
-        let high = [
-            _mm256_slli_epi16(q, 4),
-            _mm256_slli_epi16(q, 2),
-            q,
-            _mm256_srli_epi16(q, 2),
-        ];
-        let m30 = _mm256_set1_epi8(0x30);
-        std::array::from_fn(|z| _mm256_or_si256(low[z], _mm256_and_si256(high[z], m30)))
-    }
-
-    #[inline(always)]
-    unsafe fn widen(s: &ScalesQ6K, h: usize, p: __m256i) -> __m256i {
-        _mm256_madd_epi16(p, s.lanes[h])
-    }
-
-    #[inline(always)]
-    unsafe fn finish(s: &ScalesQ6K, sums: [__m256i; 2], a: &ActBlock, acc: __m256) -> __m256 {
+    unsafe fn dot(u: &UnpackedQ6K, a: &ActBlock, acc: __m256) -> __m256 {
+        let part =
+            |i: usize, s: __m256i| _mm256_madd_epi16(products(&u.w[2 * i..2 * i + 2], a, 2 * i), s);
+        let sums = _mm256_add_epi32(
+            _mm256_add_epi32(part(0, u.first), part(1, u.first)),
+            _mm256_add_epi32(part(2, u.second), part(3, u.second)),
+        );
         // Values are stored plus 32: subtract 32 * scale * (group sum) in integers.
         let bsums = _mm256_load_si256(a.bsums.as_ptr() as *const _);
-        let offset = _mm256_madd_epi16(bsums, s.offset);
-        let ints = _mm256_sub_epi32(_mm256_add_epi32(sums[0], sums[1]), offset);
-        _mm256_fmadd_ps(_mm256_cvtepi32_ps(ints), _mm256_set1_ps(s.d * a.d), acc)
+        let ints = _mm256_sub_epi32(sums, _mm256_madd_epi16(bsums, u.offset));
+        let scale = _mm256_mul_ps(u.d, _mm256_broadcast_ss(&a.d));
+        _mm256_fmadd_ps(_mm256_cvtepi32_ps(ints), scale, acc)
     }
 }
 
 impl Block for PackedQ5_0Planes {
     const PER32: bool = true;
-    // Values 0..32: four vectors of products fit in 16 bits.
-    const SPAN: usize = 4;
-    type Scales = Scales32;
+    type Unpacked = Unpacked32;
 
     #[inline(always)]
-    unsafe fn scales(&self) -> Scales32 {
+    unsafe fn unpack(&self) -> Unpacked32 {
+        let low = nibbles(&self.qs);
+        let planes = _mm256_loadu_si256(self.qh.as_ptr() as *const _);
+        // Bit z of each byte to bit 4 (16-bit shifts: the mask drops what crosses bytes).
+        let high = |z: usize| match z {
+            0 => _mm256_slli_epi16(planes, 4),
+            1 => _mm256_slli_epi16(planes, 3),
+            2 => _mm256_slli_epi16(planes, 2),
+            3 => _mm256_slli_epi16(planes, 1),
+            4 => planes,
+            5 => _mm256_srli_epi16(planes, 1),
+            6 => _mm256_srli_epi16(planes, 2),
+            _ => _mm256_srli_epi16(planes, 3),
+        };
+        let bit4 = _mm256_set1_epi8(0x10);
         let d = f16x8(&self.d);
-        // Values are stored plus 16.
-        Scales32 {
-            scale: paired(d),
+        Unpacked32 {
+            w: std::array::from_fn(|z| _mm256_or_si256(low[z], _mm256_and_si256(high(z), bit4))),
+            scale: d,
+            // Values are stored plus 16.
             offset: _mm256_mul_ps(d, _mm256_set1_ps(16.0)),
         }
     }
 
     #[inline(always)]
-    unsafe fn half(&self, h: usize) -> [__m256i; 4] {
-        let low = nibbles(&self.qs, h);
-        let planes = _mm256_loadu_si256(self.qh.as_ptr() as *const _);
-        // Bit 4h + z of each byte to bit 4 (16-bit shifts: the mask drops what crosses bytes).
-        let high = match h {
-            0 => [
-                _mm256_slli_epi16(planes, 4),
-                _mm256_slli_epi16(planes, 3),
-                _mm256_slli_epi16(planes, 2),
-                _mm256_slli_epi16(planes, 1),
-            ],
-            _ => [
-                planes,
-                _mm256_srli_epi16(planes, 1),
-                _mm256_srli_epi16(planes, 2),
-                _mm256_srli_epi16(planes, 3),
-            ],
-        };
-        let bit4 = _mm256_set1_epi8(0x10);
-        std::array::from_fn(|z| _mm256_or_si256(low[z], _mm256_and_si256(high[z], bit4)))
-    }
-
-    #[inline(always)]
-    unsafe fn finish(s: &Scales32, sums: [__m256i; 2], a: &ActBlock, acc: __m256) -> __m256 {
-        finish32(s, sums, a, acc)
+    unsafe fn dot(u: &Unpacked32, a: &ActBlock, acc: __m256) -> __m256 {
+        // Values 0..32: four vectors of products fit in 16 bits.
+        let ones = _mm256_set1_epi16(1);
+        let ints = _mm256_add_epi32(
+            _mm256_madd_epi16(products(&u.w[..4], a, 0), ones),
+            _mm256_madd_epi16(products(&u.w[4..], a, 4), ones),
+        );
+        finish32(u, ints, a, acc)
     }
 }
 
-impl Block for PackedQ8_0 {
+impl Block for PackedQ8_0<NARROW> {
     const PER32: bool = true;
-    const SIGNED: bool = true;
-    const SPAN: usize = 1;
-    type Scales = __m256;
+    type Unpacked = Unpacked32;
 
     #[inline(always)]
-    unsafe fn scales(&self) -> __m256 {
-        paired(f16x8(&self.d))
-    }
-
-    #[inline(always)]
-    unsafe fn half(&self, h: usize) -> [__m256i; 4] {
+    unsafe fn unpack(&self) -> Unpacked32 {
         // Stored plus 128: flipping the top bit gives the signed value.
         let q = self.qs.as_ptr();
-        std::array::from_fn(|z| {
-            let v = _mm256_loadu_si256(q.add(64 * z + 32 * h) as *const _);
-            _mm256_xor_si256(v, _mm256_set1_epi8(-128))
-        })
+        Unpacked32 {
+            w: std::array::from_fn(|z| {
+                let v = _mm256_loadu_si256(q.add(32 * z) as *const _);
+                _mm256_xor_si256(v, _mm256_set1_epi8(-128))
+            }),
+            scale: f16x8(&self.d),
+            offset: _mm256_setzero_ps(),
+        }
     }
 
     #[inline(always)]
-    unsafe fn finish(scale: &__m256, sums: [__m256i; 2], a: &ActBlock, acc: __m256) -> __m256 {
-        let ints = _mm256_cvtepi32_ps(_mm256_hadd_epi32(sums[0], sums[1]));
-        _mm256_fmadd_ps(
-            ints,
-            _mm256_mul_ps(*scale, _mm256_load_ps(a.dp.as_ptr())),
-            acc,
-        )
+    unsafe fn dot(u: &Unpacked32, a: &ActBlock, acc: __m256) -> __m256 {
+        // |w| times the activation with w's sign; one vector at a time (|w| reaches 128).
+        let ones = _mm256_set1_epi16(1);
+        let mut ints = _mm256_setzero_si256();
+        for (z, w) in u.w.iter().enumerate() {
+            let p = _mm256_maddubs_epi16(_mm256_abs_epi8(*w), _mm256_sign_epi8(act(a, z), *w));
+            ints = _mm256_add_epi32(ints, _mm256_madd_epi16(p, ones));
+        }
+        let scale = _mm256_mul_ps(u.scale, _mm256_load_ps(a.d32.as_ptr()));
+        _mm256_fmadd_ps(_mm256_cvtepi32_ps(ints), scale, acc)
     }
 }
 
-impl Block for PackedQ4_0 {
+/// Q4_0 and Q4_1: nibbles, all eight vectors summed in 16 bits.
+///
+/// # Safety
+/// The CPU must have AVX2 and FMA.
+#[inline(always)]
+unsafe fn dot_nibbles32(u: &Unpacked32, a: &ActBlock, acc: __m256) -> __m256 {
+    let ints = _mm256_madd_epi16(products(&u.w, a, 0), _mm256_set1_epi16(1));
+    finish32(u, ints, a, acc)
+}
+
+impl Block for PackedQ4_0<NARROW> {
     const PER32: bool = true;
-    const SPAN: usize = 4;
-    type Scales = Scales32;
+    type Unpacked = Unpacked32;
 
     #[inline(always)]
-    unsafe fn scales(&self) -> Scales32 {
+    unsafe fn unpack(&self) -> Unpacked32 {
         let d = f16x8(&self.d);
-        // Values are stored plus 8.
-        Scales32 {
-            scale: paired(d),
+        Unpacked32 {
+            w: nibbles(&self.qs),
+            scale: d,
+            // Values are stored plus 8.
             offset: _mm256_mul_ps(d, _mm256_set1_ps(8.0)),
         }
     }
 
     #[inline(always)]
-    unsafe fn half(&self, h: usize) -> [__m256i; 4] {
-        nibbles(&self.qs, h)
-    }
-
-    #[inline(always)]
-    unsafe fn finish(s: &Scales32, sums: [__m256i; 2], a: &ActBlock, acc: __m256) -> __m256 {
-        finish32(s, sums, a, acc)
+    unsafe fn dot(u: &Unpacked32, a: &ActBlock, acc: __m256) -> __m256 {
+        dot_nibbles32(u, a, acc)
     }
 }
 
-impl Block for PackedQ4_1 {
+impl Block for PackedQ4_1<NARROW> {
     const PER32: bool = true;
-    const SPAN: usize = 4;
-    type Scales = Scales32;
+    type Unpacked = Unpacked32;
 
     #[inline(always)]
-    unsafe fn scales(&self) -> Scales32 {
+    unsafe fn unpack(&self) -> Unpacked32 {
         // value = d q + m: the min adds m per unit of activation sum.
-        Scales32 {
-            scale: paired(f16x8(&self.d)),
+        Unpacked32 {
+            w: nibbles(&self.qs),
+            scale: f16x8(&self.d),
             offset: _mm256_sub_ps(_mm256_setzero_ps(), f16x8(&self.m)),
         }
     }
 
     #[inline(always)]
-    unsafe fn half(&self, h: usize) -> [__m256i; 4] {
-        nibbles(&self.qs, h)
-    }
-
-    #[inline(always)]
-    unsafe fn finish(s: &Scales32, sums: [__m256i; 2], a: &ActBlock, acc: __m256) -> __m256 {
-        finish32(s, sums, a, acc)
+    unsafe fn dot(u: &Unpacked32, a: &ActBlock, acc: __m256) -> __m256 {
+        dot_nibbles32(u, a, acc)
     }
 }
 
-/// Activation rows per group: each weight vector is unpacked once for all of them.
-const GROUP: usize = 4;
+/// Activation rows per group: each weight block is unpacked once for all of them, with the
+/// group's accumulators in registers.
+const GROUP: usize = 8;
 
 /// Weight rows `js` (each `kb` blocks of `w`) against `rows` activation rows
-/// (`acts[r * kb + b]`): activation rows in groups of up to [`GROUP`], each group against
-/// every weight row, block by block, with the group's accumulators in registers.
+/// (`acts[r * kb + b]`), in groups of up to [`GROUP`] activation rows.
 ///
 /// # Safety
 /// The CPU must have AVX2, FMA and F16C. Slice lengths are checked.
@@ -498,24 +504,29 @@ unsafe fn tile<B: Block>(
     while r < rows {
         let n = (rows - r).min(GROUP);
         let acts = &acts[r * kb..(r + n) * kb];
+        let js = js.clone();
         match n {
-            1 => rows_group::<B, 1>(w, js.clone(), acts, kb, r, out),
-            2 => rows_group::<B, 2>(w, js.clone(), acts, kb, r, out),
-            3 => rows_group::<B, 3>(w, js.clone(), acts, kb, r, out),
-            _ => rows_group::<B, 4>(w, js.clone(), acts, kb, r, out),
+            1 => group::<B, 1>(w, js, acts, kb, r, out),
+            2 => group::<B, 2>(w, js, acts, kb, r, out),
+            3 => group::<B, 3>(w, js, acts, kb, r, out),
+            4 => group::<B, 4>(w, js, acts, kb, r, out),
+            5 => group::<B, 5>(w, js, acts, kb, r, out),
+            6 => group::<B, 6>(w, js, acts, kb, r, out),
+            7 => group::<B, 7>(w, js, acts, kb, r, out),
+            _ => group::<B, 8>(w, js, acts, kb, r, out),
         }
         r += n;
     }
 }
 
 /// `R` activation rows (`acts`, `R * kb` blocks) against weight rows `js`, into columns
-/// `r0..r0 + R` of `out`.
+/// `r0..r0 + R` of `out`: each weight block is unpacked once, then multiplied by each row's.
 ///
 /// # Safety
 /// The CPU must have AVX2, FMA and F16C; `acts` holds `R * kb` blocks and `w` at least
 /// `js.end * kb` (checked by the caller, [`tile`]).
 #[inline(always)]
-unsafe fn rows_group<B: Block, const R: usize>(
+unsafe fn group<B: Block, const R: usize>(
     w: &[B],
     js: Range<usize>,
     acts: &[ActBlock],
@@ -530,63 +541,14 @@ unsafe fn rows_group<B: Block, const R: usize>(
         for b in 0..kb {
             let x = &*row.add(b);
             prefetch(x);
-            let s = x.scales();
-            group::<B, R>(
-                x,
-                &s,
-                std::array::from_fn(|i| &*a.add(i * kb + b)),
-                &mut acc,
-            );
+            let u = x.unpack();
+            for (i, acc) in acc.iter_mut().enumerate() {
+                *acc = B::dot(&u, &*a.add(i * kb + b), *acc);
+            }
         }
         for (o, acc) in out[r0..r0 + R].iter_mut().zip(&acc) {
             let v: [f32; 8] = std::mem::transmute(*acc);
             *o = ((v[0] + v[4]) + (v[1] + v[5])) + ((v[2] + v[6]) + (v[3] + v[7]));
         }
-    }
-}
-
-/// One weight block against `R` activation rows' blocks, accumulated into `acc`.
-///
-/// # Safety
-/// The CPU must have AVX2, FMA and F16C; `acc` holds `R` entries.
-#[inline(always)]
-unsafe fn group<B: Block, const R: usize>(
-    x: &B,
-    s: &B::Scales,
-    acts: [&ActBlock; R],
-    acc: &mut [__m256],
-) {
-    let zero = _mm256_setzero_si256();
-    let mut sums = [[zero; 2]; R];
-    for h in 0..2 {
-        let w = x.half(h);
-        let magnitude = if B::SIGNED {
-            w.map(|v| _mm256_abs_epi8(v))
-        } else {
-            w
-        };
-        let mut part = [[zero; 4]; R];
-        for z in 0..4 {
-            for (r, a) in acts.iter().enumerate() {
-                let av = _mm256_load_si256(a.qs.as_ptr().add(64 * z + 32 * h) as *const _);
-                let av = if B::SIGNED {
-                    _mm256_sign_epi8(av, w[z])
-                } else {
-                    av
-                };
-                let p = _mm256_maddubs_epi16(magnitude[z], av);
-                part[r][z / B::SPAN] = _mm256_add_epi16(part[r][z / B::SPAN], p);
-            }
-        }
-        for (sums, part) in sums.iter_mut().zip(&part) {
-            let mut s32 = B::widen(s, h, part[0]);
-            for p in &part[1..4 / B::SPAN] {
-                s32 = _mm256_add_epi32(s32, B::widen(s, h, *p));
-            }
-            sums[h] = s32;
-        }
-    }
-    for (r, a) in acts.iter().enumerate() {
-        acc[r] = B::finish(s, sums[r], a, acc[r]);
     }
 }

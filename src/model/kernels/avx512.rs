@@ -5,7 +5,7 @@
 //! blocks are unpacked once for all activation rows; above [`PAIR_ABOVE`] rows, weight rows go
 //! in pairs so that each activation vector is loaded once for both.
 
-use super::layout::{f16_to_f32, PackedQ4K, PackedQ5_0, PackedQ6K, PackedQ8_0, QK};
+use super::layout::{f16_to_f32, PackedQ4K, PackedQ5_0, PackedQ6K, PackedQ8_0, QK, WIDE};
 use super::{for_each_output, prefetch, Tile, MAX_ROWS};
 use std::arch::x86_64::*;
 use std::ops::Range;
@@ -136,7 +136,7 @@ unsafe fn halves() -> __m512i {
     _mm512_set_epi32(7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0)
 }
 
-impl Unpack for PackedQ4K {
+impl Unpack for PackedQ4K<WIDE> {
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2")]
     unsafe fn unpack(&self) -> ([__m512i; 4], __m512, __m512) {
@@ -153,7 +153,7 @@ impl Unpack for PackedQ4K {
     }
 }
 
-impl Unpack for PackedQ6K {
+impl Unpack for PackedQ6K<WIDE> {
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2")]
     unsafe fn unpack(&self) -> ([__m512i; 4], __m512, __m512) {
@@ -197,7 +197,7 @@ impl Unpack for PackedQ5_0 {
     }
 }
 
-impl Unpack for PackedQ8_0 {
+impl Unpack for PackedQ8_0<WIDE> {
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2")]
     unsafe fn unpack(&self) -> ([__m512i; 4], __m512, __m512) {

@@ -1,12 +1,16 @@
-//! The kernel layout: GGUF weight blocks repacked at load time so that every 32-bit lane of a
-//! 64-byte vector holds values of a single 16-value group.
+//! The kernel layouts: GGUF weight blocks repacked at load time so that every 32-bit lane of a
+//! vector holds values of a single scale group.
 //!
-//! 256 values are four 64-byte vectors; lane `l` (4 bytes) of vector `z` holds values
-//! `16l + 4z .. 16l + 4z + 4`. A group of 16 values shares one scale (and one min or offset)
-//! in every supported format, so a kernel can sum integer products per lane and apply the
-//! scales after. AVX-512 reads a vector in one register; AVX2 reads it as two 32-byte halves
-//! (groups 0-7, then 8-15). Formats with 32-value blocks (Q4_0, Q4_1, Q5_0, Q8_0) are gathered
-//! eight blocks at a time, their rows padded with zero blocks to a multiple of 256 values.
+//! A layout is named by its vector width `V` in bytes: 256 values are `256 / V` vectors, and
+//! lane `l` (4 bytes) of vector `z` holds values `gl + 4z .. gl + 4z + 4`, where `g = 1024 / V`
+//! values form one lane's group. AVX-512 reads 64-byte vectors ([`WIDE`]): a lane is a
+//! 16-value group, the finest scale group of every supported format. AVX2 reads 32-byte vectors
+//! ([`NARROW`]): a lane is a 32-value group, so the 16-bit products of a lane's eight vectors
+//! can be summed before one widening per block (Q6_K, with one scale per 16 values, keeps its
+//! two halves apart: vectors 0-3 hold the first 16 values of each lane, 4-7 the second).
+//! A kernel sums integer products per lane and applies the scales after. Formats with
+//! 32-value blocks (Q4_0, Q4_1, Q5_0, Q8_0) are gathered eight blocks at a time, their rows
+//! padded with zero blocks to a multiple of 256 values.
 //!
 //! Everything here is portable code: packing, and dequantizing (bit for bit as candle does,
 //! which the tests check), used for embedding lookups and the references.
@@ -73,16 +77,23 @@ pub(super) fn f16_to_f32(bits: u16) -> f32 {
     f16::from_bits(bits).to_f32()
 }
 
-/// Where value `v` of a 256-value block lives in the kernel layout: (vector, byte).
-const fn slot(v: usize) -> (usize, usize) {
-    (v % 16 / 4, 4 * (v / 16) + v % 4)
+/// The AVX-512 layout's vector width: four 64-byte vectors, a 16-value group per lane.
+pub const WIDE: usize = 64;
+/// The AVX2 layout's vector width: eight 32-byte vectors, a 32-value group per lane.
+pub const NARROW: usize = 32;
+
+/// Where value `v` of a 256-value block lives in the layout of `V`-byte vectors:
+/// (vector, byte in the vector).
+const fn slot<const V: usize>(v: usize) -> (usize, usize) {
+    let group = QK * 4 / V;
+    (v % group / 4, 4 * (v / group) + v % 4)
 }
 
-/// A Q4_K block: the nibbles of vector `z` are in `qs[64 * (z / 2)..]`, low nibbles for even
+/// A Q4_K block: the nibbles of vector `z` are in `qs[V * (z / 2)..]`, low nibbles for even
 /// `z`, high for odd; one scale and one min per 32 values, unpacked.
 #[derive(Clone)]
 #[repr(C)]
-pub struct PackedQ4K {
+pub struct PackedQ4K<const V: usize> {
     pub(super) d: u16,
     pub(super) dmin: u16,
     pub(super) scales: [u8; 8],
@@ -91,10 +102,11 @@ pub struct PackedQ4K {
 }
 
 /// A Q6_K block: the low four bits as in [`PackedQ4K`], bits 4-5 of vector `z` in bits
-/// `2z..2z + 2` of `qh`; values are stored plus 32; one scale per 16 values.
+/// `2(z % 4)..2(z % 4) + 2` of `qh[V * (z / 4)..]`; values are stored plus 32; one scale per
+/// 16 values.
 #[derive(Clone)]
 #[repr(C)]
-pub struct PackedQ6K {
+pub struct PackedQ6K<const V: usize> {
     pub(super) d: u16,
     pub(super) scales: [i8; 16],
     pub(super) ql: [u8; 128],
@@ -112,9 +124,10 @@ pub struct PackedQ5_0 {
     pub(super) qh: [u64; 4],
 }
 
-/// Eight Q5_0 blocks for AVX2: as [`PackedQ5_0`], but bit 4 in bit planes: bit `4h + z` of
-/// `qh[i]` is bit 4 of the value at byte `32h + i` of vector `z`, so that one load and a shift
-/// per vector recover them.
+/// Eight Q5_0 blocks for AVX2, in the [`NARROW`] layout: the low four bits as in
+/// [`PackedQ4K`], bit 4 in bit planes: bit `z` of `qh[i]` is bit 4 of the value at byte `i` of
+/// vector `z`, so that one load and a shift per vector recover them; values are stored plus 16;
+/// one scale per 32 values.
 #[derive(Clone)]
 #[repr(C)]
 pub struct PackedQ5_0Planes {
@@ -123,10 +136,11 @@ pub struct PackedQ5_0Planes {
     pub(super) qh: [u8; 32],
 }
 
-/// Eight Q8_0 blocks, values stored plus 128; one scale per 32 values.
+/// Eight Q8_0 blocks, vector `z` in `qs[V * z..]`, values stored plus 128; one scale per 32
+/// values.
 #[derive(Clone)]
 #[repr(C)]
-pub struct PackedQ8_0 {
+pub struct PackedQ8_0<const V: usize> {
     pub(super) d: [u16; 8],
     pub(super) qs: [u8; QK],
 }
@@ -135,7 +149,7 @@ pub struct PackedQ8_0 {
 /// 32 values.
 #[derive(Clone)]
 #[repr(C)]
-pub struct PackedQ4_0 {
+pub struct PackedQ4_0<const V: usize> {
     pub(super) d: [u16; 8],
     pub(super) qs: [u8; 128],
 }
@@ -144,7 +158,7 @@ pub struct PackedQ4_0 {
 /// per 32 values.
 #[derive(Clone)]
 #[repr(C)]
-pub struct PackedQ4_1 {
+pub struct PackedQ4_1<const V: usize> {
     pub(super) d: [u16; 8],
     pub(super) m: [u16; 8],
     pub(super) qs: [u8; 128],
@@ -187,18 +201,18 @@ fn q5_0_value(b: &Q5_0, j: usize) -> u8 {
 }
 
 /// The low four bits of each value, at their slots.
-fn pack_nibbles(value: impl Fn(usize) -> u8) -> [u8; 128] {
+fn pack_nibbles<const V: usize>(value: impl Fn(usize) -> u8) -> [u8; 128] {
     let mut qs = [0u8; 128];
     for v in 0..QK {
-        let (z, byte) = slot(v);
-        qs[64 * (z / 2) + byte] |= (value(v) & 15) << (4 * (z % 2));
+        let (z, byte) = slot::<V>(v);
+        qs[V * (z / 2) + byte] |= (value(v) & 15) << (4 * (z % 2));
     }
     qs
 }
 
-fn unpack_nibble(qs: &[u8; 128], v: usize) -> u8 {
-    let (z, byte) = slot(v);
-    (qs[64 * (z / 2) + byte] >> (4 * (z % 2))) & 15
+fn unpack_nibble<const V: usize>(qs: &[u8; 128], v: usize) -> u8 {
+    let (z, byte) = slot::<V>(v);
+    (qs[V * (z / 2) + byte] >> (4 * (z % 2))) & 15
 }
 
 /// The 6-bit scales (bytes 0..8) and mins (bytes 8..16) of a Q4_K block's sub-blocks.
@@ -237,7 +251,7 @@ pub(super) trait PackedBlock {
     fn dequantize(&self, y: &mut [f32; QK]);
 }
 
-impl PackedQ4K {
+impl<const V: usize> PackedQ4K<V> {
     fn new(b: &Q4K) -> Self {
         let sm = q4k_unpacked_scales(&b.scales);
         Self {
@@ -245,43 +259,44 @@ impl PackedQ4K {
             dmin: b.dmin,
             scales: sm[..8].try_into().unwrap(),
             mins: sm[8..].try_into().unwrap(),
-            qs: pack_nibbles(|v| q4k_value(b, v)),
+            qs: pack_nibbles::<V>(|v| q4k_value(b, v)),
         }
     }
 }
 
-impl PackedBlock for PackedQ4K {
+impl<const V: usize> PackedBlock for PackedQ4K<V> {
     fn dequantize(&self, y: &mut [f32; QK]) {
         let (d, dmin) = (f16_to_f32(self.d), f16_to_f32(self.dmin));
         for (v, y) in y.iter_mut().enumerate() {
             let (sc, m) = (self.scales[v / 32], self.mins[v / 32]);
-            *y = d * sc as f32 * unpack_nibble(&self.qs, v) as f32 - dmin * m as f32;
+            *y = d * sc as f32 * unpack_nibble::<V>(&self.qs, v) as f32 - dmin * m as f32;
         }
     }
 }
 
-impl PackedQ6K {
+impl<const V: usize> PackedQ6K<V> {
     fn new(b: &Q6K) -> Self {
         let mut qh = [0u8; 64];
         for v in 0..QK {
-            let (z, byte) = slot(v);
-            qh[byte] |= (q6k_value(b, v) >> 4) << (2 * z);
+            let (z, byte) = slot::<V>(v);
+            qh[V * (z / 4) + byte] |= (q6k_value(b, v) >> 4) << (2 * (z % 4));
         }
         Self {
             d: b.d,
             scales: b.scales,
-            ql: pack_nibbles(|v| q6k_value(b, v)),
+            ql: pack_nibbles::<V>(|v| q6k_value(b, v)),
             qh,
         }
     }
 }
 
-impl PackedBlock for PackedQ6K {
+impl<const V: usize> PackedBlock for PackedQ6K<V> {
     fn dequantize(&self, y: &mut [f32; QK]) {
         let d = f16_to_f32(self.d);
         for (v, y) in y.iter_mut().enumerate() {
-            let (z, byte) = slot(v);
-            let q = unpack_nibble(&self.ql, v) | (((self.qh[byte] >> (2 * z)) & 3) << 4);
+            let (z, byte) = slot::<V>(v);
+            let high = (self.qh[V * (z / 4) + byte] >> (2 * (z % 4))) & 3;
+            let q = unpack_nibble::<V>(&self.ql, v) | (high << 4);
             *y = d * self.scales[v / 16] as f32 * (q as i8 - 32) as f32;
         }
     }
@@ -292,12 +307,12 @@ impl PackedQ5_0 {
         let value = |v: usize| q5_0_value(b[v / 32], v % 32);
         let mut qh = [0u64; 4];
         for v in 0..QK {
-            let (z, byte) = slot(v);
+            let (z, byte) = slot::<WIDE>(v);
             qh[z] |= ((value(v) >> 4) as u64) << byte;
         }
         Self {
             d: b.map(|b| b.d),
-            qs: pack_nibbles(value),
+            qs: pack_nibbles::<WIDE>(value),
             qh,
         }
     }
@@ -306,8 +321,8 @@ impl PackedQ5_0 {
 impl PackedBlock for PackedQ5_0 {
     fn dequantize(&self, y: &mut [f32; QK]) {
         for (v, y) in y.iter_mut().enumerate() {
-            let (z, byte) = slot(v);
-            let q = unpack_nibble(&self.qs, v) | ((((self.qh[z] >> byte) & 1) as u8) << 4);
+            let (z, byte) = slot::<WIDE>(v);
+            let q = unpack_nibble::<WIDE>(&self.qs, v) | ((((self.qh[z] >> byte) & 1) as u8) << 4);
             *y = (q as i32 - 16) as f32 * f16_to_f32(self.d[v / 32]);
         }
     }
@@ -318,12 +333,12 @@ impl PackedQ5_0Planes {
         let value = |v: usize| q5_0_value(b[v / 32], v % 32);
         let mut qh = [0u8; 32];
         for v in 0..QK {
-            let (z, byte) = slot(v);
-            qh[byte % 32] |= (value(v) >> 4) << (4 * (byte / 32) + z);
+            let (z, byte) = slot::<NARROW>(v);
+            qh[byte] |= (value(v) >> 4) << z;
         }
         Self {
             d: b.map(|b| b.d),
-            qs: pack_nibbles(value),
+            qs: pack_nibbles::<NARROW>(value),
             qh,
         }
     }
@@ -332,20 +347,20 @@ impl PackedQ5_0Planes {
 impl PackedBlock for PackedQ5_0Planes {
     fn dequantize(&self, y: &mut [f32; QK]) {
         for (v, y) in y.iter_mut().enumerate() {
-            let (z, byte) = slot(v);
-            let high = (self.qh[byte % 32] >> (4 * (byte / 32) + z)) & 1;
-            let q = unpack_nibble(&self.qs, v) | (high << 4);
+            let (z, byte) = slot::<NARROW>(v);
+            let high = (self.qh[byte] >> z) & 1;
+            let q = unpack_nibble::<NARROW>(&self.qs, v) | (high << 4);
             *y = (q as i32 - 16) as f32 * f16_to_f32(self.d[v / 32]);
         }
     }
 }
 
-impl PackedQ8_0 {
+impl<const V: usize> PackedQ8_0<V> {
     fn new(b: [&Q8_0; 8]) -> Self {
         let mut qs = [0u8; QK];
         for v in 0..QK {
-            let (z, byte) = slot(v);
-            qs[64 * z + byte] = (b[v / 32].qs[v % 32] as u8) ^ 0x80;
+            let (z, byte) = slot::<V>(v);
+            qs[V * z + byte] = (b[v / 32].qs[v % 32] as u8) ^ 0x80;
         }
         Self {
             d: b.map(|b| b.d),
@@ -354,57 +369,57 @@ impl PackedQ8_0 {
     }
 }
 
-impl PackedBlock for PackedQ8_0 {
+impl<const V: usize> PackedBlock for PackedQ8_0<V> {
     fn dequantize(&self, y: &mut [f32; QK]) {
         for (v, y) in y.iter_mut().enumerate() {
-            let (z, byte) = slot(v);
-            *y = ((self.qs[64 * z + byte] ^ 0x80) as i8) as f32 * f16_to_f32(self.d[v / 32]);
+            let (z, byte) = slot::<V>(v);
+            *y = ((self.qs[V * z + byte] ^ 0x80) as i8) as f32 * f16_to_f32(self.d[v / 32]);
         }
     }
 }
 
-impl PackedQ4_0 {
+impl<const V: usize> PackedQ4_0<V> {
     fn new(b: [&Q4_0; 8]) -> Self {
         Self {
             d: b.map(|b| b.d),
-            qs: pack_nibbles(|v| nibble32(&b[v / 32].qs, v % 32)),
+            qs: pack_nibbles::<V>(|v| nibble32(&b[v / 32].qs, v % 32)),
         }
     }
 }
 
-impl PackedBlock for PackedQ4_0 {
+impl<const V: usize> PackedBlock for PackedQ4_0<V> {
     fn dequantize(&self, y: &mut [f32; QK]) {
         for (v, y) in y.iter_mut().enumerate() {
-            let q = unpack_nibble(&self.qs, v) as i16 - 8;
+            let q = unpack_nibble::<V>(&self.qs, v) as i16 - 8;
             *y = q as f32 * f16_to_f32(self.d[v / 32]);
         }
     }
 }
 
-impl PackedQ4_1 {
+impl<const V: usize> PackedQ4_1<V> {
     fn new(b: [&Q4_1; 8]) -> Self {
         Self {
             d: b.map(|b| b.d),
             m: b.map(|b| b.m),
-            qs: pack_nibbles(|v| nibble32(&b[v / 32].qs, v % 32)),
+            qs: pack_nibbles::<V>(|v| nibble32(&b[v / 32].qs, v % 32)),
         }
     }
 }
 
-impl PackedBlock for PackedQ4_1 {
+impl<const V: usize> PackedBlock for PackedQ4_1<V> {
     fn dequantize(&self, y: &mut [f32; QK]) {
         for (v, y) in y.iter_mut().enumerate() {
             let (d, m) = (f16_to_f32(self.d[v / 32]), f16_to_f32(self.m[v / 32]));
-            *y = unpack_nibble(&self.qs, v) as f32 * d + m;
+            *y = unpack_nibble::<V>(&self.qs, v) as f32 * d + m;
         }
     }
 }
 
-pub(super) fn pack_q4k(blocks: &[BlockQ4K]) -> Vec<PackedQ4K> {
+pub(super) fn pack_q4k<const V: usize>(blocks: &[BlockQ4K]) -> Vec<PackedQ4K<V>> {
     view::<_, Q4K>(blocks).iter().map(PackedQ4K::new).collect()
 }
 
-pub(super) fn pack_q6k(blocks: &[BlockQ6K]) -> Vec<PackedQ6K> {
+pub(super) fn pack_q6k<const V: usize>(blocks: &[BlockQ6K]) -> Vec<PackedQ6K<V>> {
     view::<_, Q6K>(blocks).iter().map(PackedQ6K::new).collect()
 }
 
@@ -422,18 +437,18 @@ pub(super) fn pack_q5_0_planes(blocks: &[BlockQ5_0], cols: usize) -> Vec<PackedQ
     pack_groups(view(blocks), cols, &Q5_0_ZERO, PackedQ5_0Planes::new)
 }
 
-pub(super) fn pack_q8_0(blocks: &[BlockQ8_0], cols: usize) -> Vec<PackedQ8_0> {
+pub(super) fn pack_q8_0<const V: usize>(blocks: &[BlockQ8_0], cols: usize) -> Vec<PackedQ8_0<V>> {
     let zero = Q8_0 { d: 0, qs: [0; 32] };
     pack_groups(view(blocks), cols, &zero, PackedQ8_0::new)
 }
 
-pub(super) fn pack_q4_0(blocks: &[BlockQ4_0], cols: usize) -> Vec<PackedQ4_0> {
+pub(super) fn pack_q4_0<const V: usize>(blocks: &[BlockQ4_0], cols: usize) -> Vec<PackedQ4_0<V>> {
     // Zero blocks hold the value 0 - 8 times a zero scale: zero.
     let zero = Q4_0 { d: 0, qs: [0; 16] };
     pack_groups(view(blocks), cols, &zero, PackedQ4_0::new)
 }
 
-pub(super) fn pack_q4_1(blocks: &[BlockQ4_1], cols: usize) -> Vec<PackedQ4_1> {
+pub(super) fn pack_q4_1<const V: usize>(blocks: &[BlockQ4_1], cols: usize) -> Vec<PackedQ4_1<V>> {
     let zero = Q4_1 {
         d: 0,
         m: 0,

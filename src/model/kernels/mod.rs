@@ -3,10 +3,10 @@
 //! A verify forward multiplies each weight matrix by k+1 activation rows. These kernels unpack
 //! every weight block once and then run it against all rows, so extra rows cost only their own
 //! multiply-adds, not another pass over the weights (which is what a one-token decode is bound
-//! by). The weights are repacked at load time into one layout ([`layout`]) that both families
-//! read: AVX-512 VNNI ([`avx512`], Q4_K, Q6_K, Q5_0, Q8_0) and AVX2 with FMA and F16C
-//! ([`avx2`], the same four plus Q4_0 and Q4_1; on an AVX-512 machine it also runs the
-//! formats the AVX-512 family lacks).
+//! by). The weights are repacked at load time into the layout of the family that multiplies
+//! them ([`layout`]): AVX-512 VNNI ([`avx512`], Q4_K, Q6_K, Q5_0, Q8_0, on 64-byte vectors)
+//! and AVX2 with FMA and F16C ([`avx2`], the same four plus Q4_0 and Q4_1, on 32-byte
+//! vectors; on an AVX-512 machine it also runs the formats the AVX-512 family lacks).
 //!
 //! Row independence is by construction in both: for each (weight row, activation row) pair
 //! the arithmetic is the same sequence of operations whatever the number of rows (integer sums
@@ -30,7 +30,7 @@ use candle_core::quantized::k_quants::{
     BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ6K, BlockQ8_0,
 };
 use candle_core::quantized::GgmlDType;
-use layout::{PackedBlock, QK};
+use layout::{PackedBlock, NARROW, QK, WIDE};
 use std::ops::Range;
 
 /// A family of matmul kernels.
@@ -125,17 +125,18 @@ pub struct Packed {
     kernels: Kernels,
 }
 
-/// Repacked blocks, by format.
+/// Repacked blocks, by format and layout: AVX-512's ([`WIDE`]) or AVX2's ([`NARROW`]).
 enum Blocks {
-    Q4K(Vec<layout::PackedQ4K>),
-    Q6K(Vec<layout::PackedQ6K>),
-    /// Q5_0 for AVX-512.
+    Q4K(Vec<layout::PackedQ4K<WIDE>>),
+    Q6K(Vec<layout::PackedQ6K<WIDE>>),
     Q5_0(Vec<layout::PackedQ5_0>),
-    /// Q5_0 for AVX2.
+    Q8_0(Vec<layout::PackedQ8_0<WIDE>>),
+    Q4KNarrow(Vec<layout::PackedQ4K<NARROW>>),
+    Q6KNarrow(Vec<layout::PackedQ6K<NARROW>>),
     Q5_0Planes(Vec<layout::PackedQ5_0Planes>),
-    Q8_0(Vec<layout::PackedQ8_0>),
-    Q4_0(Vec<layout::PackedQ4_0>),
-    Q4_1(Vec<layout::PackedQ4_1>),
+    Q8_0Narrow(Vec<layout::PackedQ8_0<NARROW>>),
+    Q4_0(Vec<layout::PackedQ4_0<NARROW>>),
+    Q4_1(Vec<layout::PackedQ4_1<NARROW>>),
 }
 
 /// Applies `$f` to the packed blocks, whatever their format.
@@ -145,8 +146,11 @@ macro_rules! each_format {
             Blocks::Q4K($b) => $f,
             Blocks::Q6K($b) => $f,
             Blocks::Q5_0($b) => $f,
-            Blocks::Q5_0Planes($b) => $f,
             Blocks::Q8_0($b) => $f,
+            Blocks::Q4KNarrow($b) => $f,
+            Blocks::Q6KNarrow($b) => $f,
+            Blocks::Q5_0Planes($b) => $f,
+            Blocks::Q8_0Narrow($b) => $f,
             Blocks::Q4_0($b) => $f,
             Blocks::Q4_1($b) => $f,
         }
@@ -173,14 +177,17 @@ impl Packed {
             kernels != Kernels::Portable,
             "the portable path does not repack"
         );
+        // The formats AVX-512 multiplies take its layout; everything else AVX2's.
+        let wide = kernels == Kernels::Avx512;
         let blocks = match source {
-            Source::Q4K(b) => Blocks::Q4K(layout::pack_q4k(b)),
-            Source::Q6K(b) => Blocks::Q6K(layout::pack_q6k(b)),
-            Source::Q5_0(b) if kernels == Kernels::Avx512 => {
-                Blocks::Q5_0(layout::pack_q5_0(b, cols))
-            }
+            Source::Q4K(b) if wide => Blocks::Q4K(layout::pack_q4k(b)),
+            Source::Q6K(b) if wide => Blocks::Q6K(layout::pack_q6k(b)),
+            Source::Q5_0(b) if wide => Blocks::Q5_0(layout::pack_q5_0(b, cols)),
+            Source::Q8_0(b) if wide => Blocks::Q8_0(layout::pack_q8_0(b, cols)),
+            Source::Q4K(b) => Blocks::Q4KNarrow(layout::pack_q4k(b)),
+            Source::Q6K(b) => Blocks::Q6KNarrow(layout::pack_q6k(b)),
             Source::Q5_0(b) => Blocks::Q5_0Planes(layout::pack_q5_0_planes(b, cols)),
-            Source::Q8_0(b) => Blocks::Q8_0(layout::pack_q8_0(b, cols)),
+            Source::Q8_0(b) => Blocks::Q8_0Narrow(layout::pack_q8_0(b, cols)),
             Source::Q4_0(b) => Blocks::Q4_0(layout::pack_q4_0(b, cols)),
             Source::Q4_1(b) => Blocks::Q4_1(layout::pack_q4_1(b, cols)),
         };
@@ -190,10 +197,10 @@ impl Packed {
     /// The quantization the blocks came from.
     pub fn dtype(&self) -> GgmlDType {
         match &self.blocks {
-            Blocks::Q4K(_) => GgmlDType::Q4K,
-            Blocks::Q6K(_) => GgmlDType::Q6K,
+            Blocks::Q4K(_) | Blocks::Q4KNarrow(_) => GgmlDType::Q4K,
+            Blocks::Q6K(_) | Blocks::Q6KNarrow(_) => GgmlDType::Q6K,
             Blocks::Q5_0(_) | Blocks::Q5_0Planes(_) => GgmlDType::Q5_0,
-            Blocks::Q8_0(_) => GgmlDType::Q8_0,
+            Blocks::Q8_0(_) | Blocks::Q8_0Narrow(_) => GgmlDType::Q8_0,
             Blocks::Q4_0(_) => GgmlDType::Q4_0,
             Blocks::Q4_1(_) => GgmlDType::Q4_1,
         }
@@ -213,8 +220,11 @@ impl Packed {
             Blocks::Q4K(b) => Blocks::Q4K(pick(b, rows, kb)),
             Blocks::Q6K(b) => Blocks::Q6K(pick(b, rows, kb)),
             Blocks::Q5_0(b) => Blocks::Q5_0(pick(b, rows, kb)),
-            Blocks::Q5_0Planes(b) => Blocks::Q5_0Planes(pick(b, rows, kb)),
             Blocks::Q8_0(b) => Blocks::Q8_0(pick(b, rows, kb)),
+            Blocks::Q4KNarrow(b) => Blocks::Q4KNarrow(pick(b, rows, kb)),
+            Blocks::Q6KNarrow(b) => Blocks::Q6KNarrow(pick(b, rows, kb)),
+            Blocks::Q5_0Planes(b) => Blocks::Q5_0Planes(pick(b, rows, kb)),
+            Blocks::Q8_0Narrow(b) => Blocks::Q8_0Narrow(pick(b, rows, kb)),
             Blocks::Q4_0(b) => Blocks::Q4_0(pick(b, rows, kb)),
             Blocks::Q4_1(b) => Blocks::Q4_1(pick(b, rows, kb)),
         };
@@ -241,24 +251,23 @@ impl Packed {
     /// Panics if the slices are shorter than the shape says.
     pub fn matmul(&self, mkn: (usize, usize, usize), lhs: &[f32], dst: &mut [f32]) {
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: `Packed::new` only packs for a fast family; the family the blocks are packed
-        // for runs on this CPU (it came from `Kernels::detect` or `supported`, which check),
-        // and an AVX-512 CPU that runs that family also runs AVX2 (`Kernels::runs_here`). The
-        // kernels check the slice lengths.
+        // SAFETY: `Packed::new` only packs for a fast family, in the layout of the family that
+        // multiplies the format; that family runs on this CPU (the blocks' family came from
+        // `Kernels::detect` or `supported`, which check, and an AVX-512 CPU that runs that
+        // family also runs AVX2: `Kernels::runs_here`). The kernels check the slice lengths.
         unsafe {
             assert!(self.kernels.runs_here());
-            match (self.kernels, &self.blocks) {
-                (Kernels::Avx512, Blocks::Q4K(b)) => avx512::matmul(b, mkn, lhs, dst),
-                (Kernels::Avx512, Blocks::Q6K(b)) => avx512::matmul(b, mkn, lhs, dst),
-                (Kernels::Avx512, Blocks::Q5_0(b)) => avx512::matmul(b, mkn, lhs, dst),
-                (Kernels::Avx512, Blocks::Q8_0(b)) => avx512::matmul(b, mkn, lhs, dst),
-                (_, Blocks::Q4K(b)) => avx2::matmul(b, mkn, lhs, dst),
-                (_, Blocks::Q6K(b)) => avx2::matmul(b, mkn, lhs, dst),
-                (_, Blocks::Q5_0Planes(b)) => avx2::matmul(b, mkn, lhs, dst),
-                (_, Blocks::Q8_0(b)) => avx2::matmul(b, mkn, lhs, dst),
-                (_, Blocks::Q4_0(b)) => avx2::matmul(b, mkn, lhs, dst),
-                (_, Blocks::Q4_1(b)) => avx2::matmul(b, mkn, lhs, dst),
-                (_, Blocks::Q5_0(_)) => unreachable!("Q5_0 masks are packed for AVX-512 only"),
+            match &self.blocks {
+                Blocks::Q4K(b) => avx512::matmul(b, mkn, lhs, dst),
+                Blocks::Q6K(b) => avx512::matmul(b, mkn, lhs, dst),
+                Blocks::Q5_0(b) => avx512::matmul(b, mkn, lhs, dst),
+                Blocks::Q8_0(b) => avx512::matmul(b, mkn, lhs, dst),
+                Blocks::Q4KNarrow(b) => avx2::matmul(b, mkn, lhs, dst),
+                Blocks::Q6KNarrow(b) => avx2::matmul(b, mkn, lhs, dst),
+                Blocks::Q5_0Planes(b) => avx2::matmul(b, mkn, lhs, dst),
+                Blocks::Q8_0Narrow(b) => avx2::matmul(b, mkn, lhs, dst),
+                Blocks::Q4_0(b) => avx2::matmul(b, mkn, lhs, dst),
+                Blocks::Q4_1(b) => avx2::matmul(b, mkn, lhs, dst),
             }
         }
     }
