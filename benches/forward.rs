@@ -11,14 +11,22 @@
 //!   timings interleaved so that they share the machine's noise;
 //! - `CASCADE_BENCH_REPS`: repetitions (default 5; the median is reported);
 //! - `CASCADE_BENCH_OWN=1`: skips candle-transformers (quicker, for kernel work);
-//! - `CASCADE_BENCH_PREFILL=0`: skips the prefill.
+//! - `CASCADE_BENCH_PREFILL=0`: skips the prefill;
+//! - `CASCADE_BENCH_CONTEXT`: the context the forwards run after (default 64; attention over
+//!   a long context is a large part of a forward).
 
 use candle_core::{Device, Tensor};
 use cascade::model::{Kernels, LoadedModel, Model, Transformer};
 use std::path::Path;
 use std::time::Instant;
 
-const CONTEXT: usize = 64;
+/// The context the forwards run after: `CASCADE_BENCH_CONTEXT`, else 64 tokens.
+fn context() -> usize {
+    std::env::var("CASCADE_BENCH_CONTEXT")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(64)
+}
 const KS: [usize; 5] = [1, 2, 4, 8, 16];
 const PREFILL: usize = 512;
 
@@ -31,13 +39,13 @@ fn tokens(n: usize) -> Vec<u32> {
     (0..n as u32).map(|i| 100 + (i * 37) % 5000).collect()
 }
 
-/// Seconds for a forward over k new tokens after a CONTEXT-token prefix, own model.
+/// Seconds for a forward over k new tokens after the context, own model.
 fn own(model: &mut dyn Model, k: usize) -> f64 {
-    model.truncate(CONTEXT);
+    model.truncate(context());
     let t = Instant::now();
     model.forward(&tokens(k)).unwrap();
     let s = t.elapsed().as_secs_f64();
-    model.truncate(CONTEXT);
+    model.truncate(context());
     s
 }
 
@@ -48,7 +56,7 @@ fn prefill(model: &mut dyn Model) -> f64 {
     model.prefill(&tokens(PREFILL)).unwrap();
     let s = t.elapsed().as_secs_f64();
     model.truncate(0);
-    model.prefill(&tokens(CONTEXT)).unwrap();
+    model.prefill(&tokens(context())).unwrap();
     s
 }
 
@@ -58,7 +66,7 @@ fn reference(path: &Path, k: usize, reps: usize) -> f64 {
     let mut f = std::fs::File::open(path).unwrap();
     let content = candle_core::quantized::gguf_file::Content::read(&mut f).unwrap();
     let mut m = ModelWeights::from_gguf(content, &mut f, &Device::Cpu).unwrap();
-    let prefix = Tensor::new(tokens(CONTEXT).as_slice(), &Device::Cpu)
+    let prefix = Tensor::new(tokens(context()).as_slice(), &Device::Cpu)
         .unwrap()
         .unsqueeze(0)
         .unwrap();
@@ -71,7 +79,10 @@ fn reference(path: &Path, k: usize, reps: usize) -> f64 {
         m.clear_kv_cache();
         m.forward(&prefix, 0).unwrap();
         let t = Instant::now();
-        m.forward(&feed, CONTEXT).unwrap().to_vec2::<f32>().unwrap();
+        m.forward(&feed, context())
+            .unwrap()
+            .to_vec2::<f32>()
+            .unwrap();
         if i > 0 {
             times.push(t.elapsed().as_secs_f64()); // the first run is a warm-up
         }
@@ -143,8 +154,9 @@ fn main() {
     ];
     println!("CPU: {}", cpu());
     println!(
-        "forward over k new tokens after a {CONTEXT}-token context; median of {reps}; {} threads; \
+        "forward over k new tokens after a {}-token context; median of {reps}; {} threads; \
          prefill of {PREFILL} tokens",
+        context(),
         candle_core::utils::get_num_threads()
     );
     println!("| model | code | decode ms/token | r(2) | r(4) | r(8) | r(16) | prefill ms/token |");
@@ -163,7 +175,7 @@ fn main() {
             .map(|&k| {
                 let loaded = LoadedModel::load_with(path, None, k, &mut |_, _| {}).unwrap();
                 let mut m = loaded.instance(label, None);
-                m.prefill(&tokens(CONTEXT)).unwrap();
+                m.prefill(&tokens(context())).unwrap();
                 for &k in &KS {
                     own(&mut m, k); // warm-up
                 }

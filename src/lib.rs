@@ -58,6 +58,7 @@ pub mod server;
 pub mod stream;
 pub mod theory;
 pub mod tokenizer;
+mod vecmath;
 
 pub use error::{Error, Result};
 

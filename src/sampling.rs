@@ -6,6 +6,7 @@
 //! [`Sampling::distribution`], applied identically everywhere; temperature 0 gives a point mass.
 
 use crate::error::{Error, Result};
+use crate::vecmath;
 use serde::{Deserialize, Serialize};
 
 /// The random number generator of every sampling decision: ChaCha12, seeded from a `u64`
@@ -89,7 +90,8 @@ impl Sampling {
         }
         let inv_t = 1.0 / self.temperature;
         let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-        let mut probs: Vec<f32> = logits.iter().map(|&l| ((l - max) * inv_t).exp()).collect();
+        let mut probs = vec![0f32; logits.len()];
+        vecmath::exp_shifted(logits, max, inv_t, &mut probs);
         let n = probs.len();
         if self.top_k > 0 && self.top_k < n {
             let keep = top_indices(&probs, self.top_k);
@@ -102,7 +104,7 @@ impl Sampling {
         if self.top_p < 1.0 {
             apply_top_p(&mut probs, self.top_p);
         }
-        let total: f32 = probs.iter().sum();
+        let total = vecmath::sum(&probs);
         probs.iter_mut().for_each(|p| *p /= total);
         Dist::Dense(probs)
     }
@@ -111,7 +113,9 @@ impl Sampling {
 /// The largest probability of `softmax(logits)`, without building the distribution.
 pub fn softmax_max(logits: &[f32]) -> f32 {
     let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    1.0 / logits.iter().map(|&l| (l - max).exp()).sum::<f32>()
+    let mut e = vec![0f32; logits.len()];
+    vecmath::exp_shifted(logits, max, 1.0, &mut e);
+    1.0 / vecmath::sum(&e)
 }
 
 /// The index of the largest value (the lowest index among equals).

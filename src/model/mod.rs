@@ -1,6 +1,7 @@
 //! Models that can verify: a forward pass returns logits for every fed position, and the
 //! KV cache can be rolled back after a rejected draft.
 
+mod attention;
 pub mod gguf;
 mod kernels;
 mod kv_cache;

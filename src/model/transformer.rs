@@ -6,6 +6,7 @@
 //! fixed order, so a token's logits do not depend on how many tokens share its forward pass.
 
 use crate::error::{Error, Result};
+use crate::model::attention::{attention, Heads};
 use crate::model::gguf::GgufFile;
 use crate::model::kernels::Kernels;
 use crate::model::kv_cache::KvCache;
@@ -320,6 +321,11 @@ impl Transformer {
             time(Section::Embed, || w.embeddings.row(t as usize, row));
         }
         let (qd, kvd, ffd) = (c.heads * hd, c.kv_heads * hd, c.feed_forward);
+        let heads = Heads {
+            heads: c.heads,
+            kv_heads: c.kv_heads,
+            head_dim: hd,
+        };
         let mut h = vec![0f32; m * d];
         let (mut q, mut k, mut v) = (vec![0f32; m * qd], vec![0f32; m * kvd], vec![0f32; m * kvd]);
         let mut att = vec![0f32; m * qd];
@@ -345,7 +351,7 @@ impl Transformer {
             self.cache.append(li, &k, &v);
             let (keys, values) = self.cache.layer(li);
             time(Section::Attention, || {
-                attention(&q, keys, values, pos0, c, &mut att)
+                attention(&q, keys, values, pos0, heads, &mut att)
             });
             time(Section::AttnOut, || l.wo.matmul(&att, &mut proj))?;
             add(&mut x, &proj);
@@ -355,9 +361,7 @@ impl Transformer {
             time(Section::GateUp, || -> Result<()> {
                 l.gate.matmul(&h, &mut g)?;
                 l.up.matmul(&h, &mut u)?;
-                for (g, u) in g.iter_mut().zip(&u) {
-                    *g = *g / (1.0 + (-*g).exp()) * u;
-                }
+                silu_mul(&mut g, &u);
                 Ok(())
             })?;
             time(Section::Down, || l.down.matmul(&g, &mut proj))?;
@@ -440,6 +444,15 @@ impl Model for Transformer {
     }
 }
 
+crate::vecmath::fast_path! {
+    /// `g = silu(g) * u`, element by element.
+    fn silu_mul(g: &mut [f32], u: &[f32]) {
+        for (g, u) in g.iter_mut().zip(u) {
+            *g = *g / (1.0 + crate::vecmath::exp(-*g)) * u;
+        }
+    }
+}
+
 fn rms_norm(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
     let d = weight.len();
     for (xr, or) in x.chunks(d).zip(out.chunks_mut(d)) {
@@ -490,65 +503,4 @@ fn rope(
             }
         }
     }
-}
-
-/// Causal attention of the `m` query rows (positions `pos0..pos0 + m`) over the cached keys
-/// and values (`pos0 + m` positions, including these rows'). Each (token, head) pair is
-/// computed on its own, in the same order whatever `m` is.
-fn attention(q: &[f32], keys: &[f32], values: &[f32], pos0: usize, c: &Config, out: &mut [f32]) {
-    let hd = c.head_dim;
-    let group = c.heads / c.kv_heads;
-    let kv_row = c.kv_heads * hd;
-    let scale = 1.0 / (hd as f32).sqrt();
-    let attend = |i: usize, o: &mut [f32], scores: &mut Vec<f32>| {
-        let (t, h) = (i / c.heads, i % c.heads);
-        let kv = (h / group) * hd;
-        let qh = &q[i * hd..(i + 1) * hd];
-        let n = pos0 + t + 1;
-        scores.clear();
-        scores
-            .extend((0..n).map(|j| dot(qh, &keys[j * kv_row + kv..j * kv_row + kv + hd]) * scale));
-        let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-        let mut sum = 0f32;
-        for s in scores.iter_mut() {
-            *s = (*s - max).exp();
-            sum += *s;
-        }
-        o.fill(0.0);
-        for (j, &s) in scores.iter().enumerate() {
-            let w = s / sum;
-            let vj = &values[j * kv_row + kv..j * kv_row + kv + hd];
-            o.iter_mut().zip(vj).for_each(|(o, v)| *o += w * v);
-        }
-    };
-    struct Out(*mut f32);
-    // SAFETY: each (token, head) slice of `out` is written by exactly one task.
-    unsafe impl Sync for Out {}
-    let ptr = Out(out.as_mut_ptr());
-    let ptr = &ptr;
-    candle_core::utils::barrier_pool().execute_chunked(out.len() / hd, |range| {
-        let mut scores = Vec::new();
-        for i in range {
-            let o = unsafe { std::slice::from_raw_parts_mut(ptr.0.add(i * hd), hd) };
-            attend(i, o, &mut scores);
-        }
-    });
-}
-
-/// A dot product in a fixed order (eight lanes, then a fixed reduction) that vectorizes well.
-fn dot(a: &[f32], b: &[f32]) -> f32 {
-    let mut acc = [0f32; 8];
-    let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
-    let tail: f32 = ca
-        .remainder()
-        .iter()
-        .zip(cb.remainder())
-        .map(|(x, y)| x * y)
-        .sum();
-    for (x, y) in ca.zip(cb) {
-        for l in 0..8 {
-            acc[l] += x[l] * y[l];
-        }
-    }
-    acc.iter().sum::<f32>() + tail
 }
