@@ -175,8 +175,9 @@ const REPS: usize = 5;
 
 /// Measured costs, by model file and machine, in a JSON file (`CASCADE_COSTS`, else
 /// `$XDG_CACHE_HOME/cascade/costs.json`, else `~/.cache/cascade/costs.json`). An entry is
-/// keyed by the model file (name, size, modification time), the CPU model, the kernel family
-/// and the thread count, so another machine, another file or another setting measures anew.
+/// keyed by the model file (name, size, modification time), the CPU model, the kernel family,
+/// the thread count and a fingerprint of the model code (`build.rs`), so another machine,
+/// another file, another setting or a build with other kernels measures anew.
 pub struct CostCache {
     path: PathBuf,
     entries: BTreeMap<String, Entry>,
@@ -265,10 +266,11 @@ impl CostCache {
             .vocabulary
             .map_or(String::new(), |v| format!(" | vocabulary {}", v.len()));
         format!(
-            "{name} {size} {mtime} | {} | {} | {} threads{vocabulary}",
+            "{name} {size} {mtime} | {} | {} | {} threads{vocabulary} | code {}",
             cpu_name(),
             model.weights.kernels,
-            candle_core::utils::get_num_threads()
+            candle_core::utils::get_num_threads(),
+            env!("CASCADE_MODEL_CODE")
         )
     }
 
