@@ -245,6 +245,12 @@ pub trait Drafter: Send {
     /// (with a prefix of the last draft and the reviewer's token). It will not change again.
     fn commit(&mut self, _context: &[u32]) {}
 
+    /// The sequence ended, having generated `output` after its prompt (however it ended). A
+    /// drafter that learns across sequences records it here (Max-Gram's history file).
+    fn finish(&mut self, _output: &[u32]) -> Result<()> {
+        Ok(())
+    }
+
     /// Counters of this node and the nodes below it.
     fn stats(&self) -> NodeStats {
         NodeStats::new(self.name(), NodeKind::Plugin("plugin".into()))

@@ -341,6 +341,9 @@ impl Engine {
         };
         on_text(stream.take_final(true));
         stats.decode_seconds = start.elapsed().as_secs_f64();
+        if let Some(d) = self.drafter.as_mut() {
+            d.finish(&generated)?;
+        }
         stats.generated_tokens = generated.len();
         if let Some(a) = self.target.adaptive() {
             stats.acceptance_by_confidence = a.report();

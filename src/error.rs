@@ -46,6 +46,14 @@ pub enum Error {
         /// What is wrong.
         reason: String,
     },
+    /// A Max-Gram history file that cannot be read, checked or written.
+    #[error("Max-Gram history {}: {reason}", path.display())]
+    History {
+        /// The history's file.
+        path: PathBuf,
+        /// What is wrong.
+        reason: String,
+    },
 
     /// A tokenizer that cannot be loaded, or text it cannot encode or decode.
     #[error("cannot load tokenizer: {0}")]

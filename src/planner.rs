@@ -508,7 +508,15 @@ pub fn write_best(raw: &RawConfig, doc: &mut toml::Value, levels: &[LevelPlan]) 
 /// Makes the file paths of a config document absolute (relative ones are taken from `base`,
 /// the config's folder), so that the written config works wherever it is written.
 pub fn absolute_paths(doc: &mut toml::Value, base: &Path) {
-    const PATH_KEYS: [&str; 5] = ["model", "tokenizer", "table", "reviewer", "reviewers"];
+    const PATH_KEYS: [&str; 7] = [
+        "model",
+        "tokenizer",
+        "table",
+        "vocabulary_table",
+        "history",
+        "reviewer",
+        "reviewers",
+    ];
     let fix = |v: &mut toml::Value| {
         if let Some(p) = v.as_str() {
             let p = base.join(p);

@@ -300,6 +300,70 @@ fn missing_table_and_bad_max_gram_settings() {
     );
 }
 
+/// A Max-Gram history: its size in range, a path that is not a folder, and a file that is
+/// damaged or written for another tokenizer refused when the engine is built.
+#[test]
+fn a_max_gram_history_out_of_range_damaged_or_foreign_is_refused() {
+    let _s = serial();
+    let mag = |target: &str, extra: &str| {
+        format!("[target]\nmodel = \"{target}\"\ndrafter = \"mag\"\n[drafters.mag]\nkind = \"max_gram\"\n{extra}")
+    };
+    assert_eq!(
+        config_error(&mag(DRAFT, "history = \"h.hist\"\nhistory_tokens = 0\n")),
+        "drafters.mag.history_tokens: must be between 16 and 4194304 (tokens), got 0"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let e = config_error(&mag(
+        DRAFT,
+        &format!("history = \"{}\"\n", dir.path().display()),
+    ));
+    assert_eq!(
+        e,
+        format!(
+            "drafters.mag.history: {} is a directory, not a file",
+            dir.path().display()
+        )
+    );
+    let build = |toml: String| {
+        RawConfig::parse(&toml, "t")
+            .unwrap()
+            .validate(&models_dir())
+            .unwrap()
+            .build(&mut |_, _, _| {})
+            .map(drop)
+    };
+    // A history written through the 0.5B's tokenizer, then read with SmolLM2's.
+    let path = dir.path().join("outputs.hist");
+    let history = format!("history = \"{}\"\n", path.display());
+    let mut engine = RawConfig::parse(&mag(DRAFT, &history), "t")
+        .unwrap()
+        .validate(&models_dir())
+        .unwrap()
+        .build(&mut |_, _, _| {})
+        .unwrap();
+    let prompt = engine.tokenizer.encode("def add(a, b):").unwrap();
+    let opts = cascade::engine::GenerateOptions {
+        max_new_tokens: 4,
+        ..Default::default()
+    };
+    engine.generate(&prompt, &opts, &mut |_| {}).unwrap();
+    assert!(path.is_file());
+    let e = build(mag(SMOLLM2, &history)).unwrap_err().to_string();
+    assert!(
+        e.starts_with(&format!(
+            "Max-Gram history {}: written for another tokenizer (fingerprint ",
+            path.display()
+        )),
+        "{e}"
+    );
+    let mut bytes = std::fs::read(&path).unwrap();
+    build(mag(DRAFT, &history)).unwrap();
+    bytes.truncate(bytes.len() - 1);
+    std::fs::write(&path, &bytes).unwrap();
+    let e = build(mag(DRAFT, &history)).unwrap_err().to_string();
+    assert!(e.contains("truncated or corrupt"), "{e}");
+}
+
 #[test]
 fn a_table_built_for_another_tokenizer_is_refused() {
     let _s = serial();

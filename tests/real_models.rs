@@ -189,6 +189,50 @@ fn greedy_output_with_statistical_drafters_equals_autoregressive_output() {
     }
 }
 
+/// A task run again drafts its answer from the history file the first run wrote (a new
+/// engine, as another process would build): most of the tokens come out of accepted drafts,
+/// and the text is the same, exactly.
+#[test]
+fn a_repeated_task_drafts_from_the_history_of_earlier_runs() {
+    let _s = serial();
+    use cascade::drafter::{History, MaxGramDrafter, MaxGramPolicy};
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("outputs.hist");
+    let t = real(TARGET);
+    let with_history = || {
+        let history = History::open(
+            &path,
+            t.tokenizer.fingerprint(),
+            t.weights.vocab_size(),
+            1 << 16,
+            16,
+        )
+        .unwrap();
+        let mag = MaxGramDrafter::new("mag", MaxGramPolicy::default(), None);
+        engine(Some(Box::new(mag.with_history(history))))
+    };
+    let opts = GenerateOptions {
+        max_new_tokens: 48,
+        k: 8,
+        ..Default::default()
+    };
+    let first = run(&mut with_history(), PROMPTS[1], &opts);
+    let again = run(&mut with_history(), PROMPTS[1], &opts);
+    assert_eq!(again.tokens, first.tokens);
+    assert_eq!(
+        again.tokens,
+        run(&mut engine(None), PROMPTS[1], &opts).tokens
+    );
+    assert!(
+        again.stats.accepted * 4 >= again.tokens.len() * 3,
+        "accepted {} of {} tokens on the second run (first run: {})",
+        again.stats.accepted,
+        again.tokens.len(),
+        first.stats.accepted
+    );
+    assert!(again.stats.target_calls * 3 <= first.stats.target_calls);
+}
+
 #[test]
 fn the_target_as_its_own_draft_is_always_accepted() {
     let _s = serial();

@@ -5,8 +5,8 @@ use super::validate::{DrafterNode, DrafterPlan, ModelPlan, Plan, TrimmedVocabula
 use super::{PluginContext, Registry};
 use crate::costs::{CostCache, ForwardCost, Subject};
 use crate::drafter::{
-    AdaptiveCascade, BigramDrafter, Drafter, HorizontalCascade, MaxGramDrafter, NeuralDrafter,
-    VerticalCascade,
+    AdaptiveCascade, BigramDrafter, Drafter, History, HorizontalCascade, MaxGramDrafter,
+    NeuralDrafter, VerticalCascade,
 };
 use crate::engine::Engine;
 use crate::error::{Error, Result};
@@ -162,12 +162,26 @@ impl Builder<'_> {
                 self.table(table, target)?,
                 *sample,
             )),
-            DrafterPlan::MaxGram { table, policy } => {
+            DrafterPlan::MaxGram {
+                table,
+                policy,
+                history,
+            } => {
                 let table = table
                     .as_deref()
                     .map(|t| self.table(t, target))
                     .transpose()?;
-                Box::new(MaxGramDrafter::new(name, *policy, table))
+                let drafter = MaxGramDrafter::new(name, *policy, table);
+                Box::new(match history {
+                    Some((path, tokens)) => drafter.with_history(History::open(
+                        path,
+                        target.tokenizer.fingerprint(),
+                        target.weights.vocab_size(),
+                        *tokens,
+                        policy.max_ngram,
+                    )?),
+                    None => drafter,
+                })
             }
             DrafterPlan::Vertical {
                 reviewer,

@@ -96,6 +96,12 @@ pub enum RawDrafter {
         /// the gate.
         #[serde(default = "default_length_per_match")]
         length_per_match: f32,
+        /// A file of earlier outputs to copy from too (created if missing), so that repeated
+        /// tasks speed up across runs.
+        history: Option<PathBuf>,
+        /// The most tokens the history keeps (the oldest outputs go first).
+        #[serde(default = "default_history_tokens")]
+        history_tokens: usize,
     },
     /// A reviewer model over another drafter (CS Drafting's vertical cascade).
     Vertical {
@@ -253,6 +259,9 @@ fn default_min_match() -> usize {
 }
 fn default_bigram_tokens() -> usize {
     MaxGramPolicy::default().bigram_tokens
+}
+fn default_history_tokens() -> usize {
+    1 << 18
 }
 fn default_length_per_match() -> f32 {
     MaxGramPolicy::default().length_per_match

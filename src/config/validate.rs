@@ -178,6 +178,8 @@ pub enum DrafterPlan {
         table: Option<PathBuf>,
         /// Match lengths and fallback.
         policy: MaxGramPolicy,
+        /// The file of earlier outputs, and the most tokens it keeps.
+        history: Option<(PathBuf, usize)>,
     },
     /// A reviewer model over an inner drafter.
     Vertical {
@@ -310,6 +312,8 @@ pub const MAX_DRAFT: usize = 64;
 pub const MAX_CONTEXT: usize = 1 << 24;
 /// The longest suffix Max-Gram may match.
 pub const MAX_NGRAM: usize = 1024;
+/// The most tokens a Max-Gram history may keep (8 bytes each in memory).
+pub const MAX_HISTORY: usize = 1 << 22;
 
 /// Checks that the count at TOML path `at` lies in `lo..=hi`.
 fn in_range(at: &str, value: usize, lo: usize, hi: usize, what: &str) -> Result<()> {
@@ -433,7 +437,26 @@ impl Validator<'_> {
                 min_match,
                 bigram_tokens,
                 length_per_match,
+                history,
+                history_tokens,
             } => {
+                in_range(
+                    &format!("{here}.history_tokens"),
+                    *history_tokens,
+                    16,
+                    MAX_HISTORY,
+                    "tokens",
+                )?;
+                let history = match history {
+                    Some(p) if self.base.join(p).is_dir() => {
+                        return Err(Error::config(
+                            format!("{here}.history"),
+                            format!("{} is a directory, not a file", self.base.join(p).display()),
+                        ))
+                    }
+                    Some(p) => Some((self.base.join(p), *history_tokens)),
+                    None => None,
+                };
                 if !(length_per_match.is_finite() && *length_per_match >= 0.0) {
                     return Err(Error::config(
                         format!("{here}.length_per_match"),
@@ -471,6 +494,7 @@ impl Validator<'_> {
                         bigram_tokens: *bigram_tokens,
                         length_per_match: *length_per_match,
                     },
+                    history,
                 }
             }
             RawDrafter::Vertical {

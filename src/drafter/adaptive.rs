@@ -69,6 +69,12 @@ impl Drafter for AdaptiveCascade {
         self.parts.iter_mut().try_for_each(|(d, _)| d.start(prompt))
     }
 
+    fn finish(&mut self, output: &[u32]) -> Result<()> {
+        self.parts
+            .iter_mut()
+            .try_for_each(|(d, _)| d.finish(output))
+    }
+
     fn stats(&self) -> NodeStats {
         NodeStats {
             children: self.parts.iter().map(|(d, _)| d.stats()).collect(),

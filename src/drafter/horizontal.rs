@@ -85,6 +85,12 @@ impl Drafter for HorizontalCascade {
             .try_for_each(|p| p.drafter.start(prompt))
     }
 
+    fn finish(&mut self, output: &[u32]) -> Result<()> {
+        self.parts
+            .iter_mut()
+            .try_for_each(|p| p.drafter.finish(output))
+    }
+
     fn stats(&self) -> NodeStats {
         NodeStats {
             children: self.parts.iter().map(|p| p.drafter.stats()).collect(),

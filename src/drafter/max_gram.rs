@@ -1,7 +1,9 @@
 //! Max-Gram (CS Drafting, section 3.3 and Appendix A): copy what followed the longest earlier
-//! occurrence of the text's suffix, falling back to a bigram table.
+//! occurrence of the text's suffix, falling back to a bigram table; optionally also from
+//! earlier outputs kept on disk ([`History`]).
 
 use super::bigram::follow_table;
+use super::history::History;
 use crate::draft::{Draft, Drafter, NodeKind, NodeStats, Request};
 use crate::error::Result;
 use crate::model::common_prefix;
@@ -229,14 +231,16 @@ impl Default for MaxGramPolicy {
     }
 }
 
-/// The Max-Gram drafter: [`MaxGram`] proposals, else the bigram table's most likely chain,
-/// as much as its [`MaxGramPolicy`] allows. Deterministic, so every token is reported with a
-/// point-mass distribution.
+/// The Max-Gram drafter: [`MaxGram`] proposals (or, with a [`History`], a longer match in
+/// earlier outputs), else the bigram table's most likely chain, as much as its
+/// [`MaxGramPolicy`] allows. Deterministic, so every token is reported with a point-mass
+/// distribution.
 pub struct MaxGramDrafter {
     name: String,
     policy: MaxGramPolicy,
     index: MaxGram,
     table: Option<Arc<BigramTable>>,
+    history: Option<History>,
     /// Leading tokens of the index known to be committed.
     committed: usize,
 }
@@ -253,8 +257,16 @@ impl MaxGramDrafter {
             policy,
             index: MaxGram::new(policy.max_ngram),
             table,
+            history: None,
             committed: 0,
         }
+    }
+
+    /// Also copies from the earlier outputs of `history` (where a longer suffix matches there
+    /// than in the text itself), and records each finished output in it.
+    pub fn with_history(mut self, history: History) -> Self {
+        self.history = Some(history);
+        self
     }
 
     /// Brings the index to `context`, comparing only past the committed prefix (so the cost
@@ -274,22 +286,39 @@ impl Drafter for MaxGramDrafter {
     fn draft(&mut self, context: &[u32], request: &mut Request) -> Result<Draft> {
         self.sync(context);
         let mut draft = Draft::new();
-        if let Some((m, share)) = self.index.best_continuation() {
-            if m.len >= self.policy.min_match {
-                let cap = match self.policy.length_per_match {
-                    l if l > 0.0 => (m.len as f32 * l).ceil() as usize,
-                    _ => usize::MAX,
-                };
-                let copied = self.index.copy(m, cap.min(request.remaining()));
-                for (i, t) in copied.into_iter().enumerate() {
-                    // Confidence grows with the match (each copied token extends it by one
-                    // if the ones before it hold) and with the continuation's share.
-                    let matched = (m.len + i) as f32;
-                    if !request.admit(Some(share * matched / (matched + 1.0))) {
-                        break;
-                    }
-                    draft.push(t, Dist::Point(t));
+        let own = self.index.best_continuation();
+        let earlier = self
+            .history
+            .as_ref()
+            .and_then(|h| h.best_continuation(context));
+        // The longer match wins; the text itself on a tie.
+        let (len, share) = match (own, earlier) {
+            (_, Some(e)) if own.is_none_or(|(m, _)| e.len > m.len) => (e.len, e.share),
+            (Some((m, share)), _) => (m.len, share),
+            (None, _) => (0, 0.0),
+        };
+        if len >= self.policy.min_match.max(1) {
+            let cap = match self.policy.length_per_match {
+                l if l > 0.0 => (len as f32 * l).ceil() as usize,
+                _ => usize::MAX,
+            };
+            let cap = cap.min(request.remaining());
+            let copied = match (own, earlier) {
+                (Some((m, _)), _) if m.len == len => self.index.copy(m, cap),
+                (_, Some(e)) => self
+                    .history
+                    .as_ref()
+                    .map_or(Vec::new(), |h| h.copy(e.at, cap)),
+                _ => Vec::new(),
+            };
+            for (i, t) in copied.into_iter().enumerate() {
+                // Confidence grows with the match (each copied token extends it by one if the
+                // ones before it hold) and with the continuation's share.
+                let matched = (len + i) as f32;
+                if !request.admit(Some(share * matched / (matched + 1.0))) {
+                    break;
                 }
+                draft.push(t, Dist::Point(t));
             }
         }
         if draft.is_empty() {
@@ -311,6 +340,13 @@ impl Drafter for MaxGramDrafter {
         Ok(())
     }
 
+    fn finish(&mut self, output: &[u32]) -> Result<()> {
+        match &mut self.history {
+            Some(h) => h.record(output),
+            None => Ok(()),
+        }
+    }
+
     fn stats(&self) -> NodeStats {
         NodeStats::new(&self.name, NodeKind::MaxGram)
     }
@@ -320,6 +356,7 @@ impl Drafter for MaxGramDrafter {
 mod tests {
     use super::*;
     use crate::draft::propose;
+    use crate::drafter::Drafter;
 
     fn index(prompt: &[u32], generated: &[u32], max_ngram: usize) -> MaxGram {
         let mut m = MaxGram::new(max_ngram);
@@ -411,6 +448,36 @@ mod tests {
         let mut d = MaxGramDrafter::new("mag", policy, None);
         d.start(&[1, 2, 9]).unwrap();
         assert!(propose(&mut d, &[1, 2, 9], 4).is_empty());
+    }
+
+    #[test]
+    fn a_history_lends_earlier_outputs_where_they_match_longer() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("h.hist");
+        let history = || History::open(&path, 1, 50, 1000, 8).unwrap();
+        let policy = MaxGramPolicy {
+            length_per_match: 0.0,
+            ..Default::default()
+        };
+        let mut d = MaxGramDrafter::new("mag", policy, None).with_history(history());
+        d.start(&[1, 2]).unwrap();
+        d.finish(&[10, 11, 12, 13, 14]).unwrap();
+        // A later run (another process: the file) whose text ends like the earlier output.
+        let mut d = MaxGramDrafter::new("mag", policy, None).with_history(history());
+        let ctx = [3, 11, 12];
+        d.start(&ctx).unwrap();
+        assert_eq!(propose(&mut d, &ctx, 8).tokens(), [13, 14]);
+        // The text's own match wins a tie, and when it is longer.
+        let ctx = [11, 12, 40, 11, 12];
+        d.start(&ctx).unwrap();
+        assert_eq!(propose(&mut d, &ctx, 1).tokens(), [40]);
+        let ctx = [5, 11, 12, 40, 5, 11, 12];
+        d.start(&ctx).unwrap();
+        assert_eq!(propose(&mut d, &ctx, 1).tokens(), [40]);
+        // Without the history, the earlier output is unknown.
+        let mut d = MaxGramDrafter::new("mag", policy, None);
+        d.start(&[3, 11, 12]).unwrap();
+        assert!(propose(&mut d, &[3, 11, 12], 8).is_empty());
     }
 
     /// The quadratic definition the index must agree with.

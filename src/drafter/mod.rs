@@ -6,6 +6,7 @@
 
 mod adaptive;
 mod bigram;
+mod history;
 mod horizontal;
 mod max_gram;
 mod neural;
@@ -15,6 +16,7 @@ mod vertical;
 pub use crate::draft::{Draft, Drafter, NodeKind, NodeStats, Request};
 pub use adaptive::AdaptiveCascade;
 pub use bigram::BigramDrafter;
+pub use history::{History, HistoryMatch};
 pub use horizontal::HorizontalCascade;
 pub use max_gram::{MaxGram, MaxGramDrafter, MaxGramPolicy};
 pub use neural::NeuralDrafter;

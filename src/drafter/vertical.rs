@@ -152,6 +152,10 @@ impl Drafter for VerticalCascade {
         self.inner.start(prompt)
     }
 
+    fn finish(&mut self, output: &[u32]) -> Result<()> {
+        self.inner.finish(output)
+    }
+
     fn stats(&self) -> NodeStats {
         NodeStats {
             model: Some(self.reviewer.model().name().to_string()),

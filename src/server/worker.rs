@@ -73,6 +73,9 @@ impl Drafter for Lent {
     fn start(&mut self, prompt: &[u32]) -> Result<()> {
         self.with(|d| d.start(prompt))
     }
+    fn finish(&mut self, output: &[u32]) -> Result<()> {
+        self.with(|d| d.finish(output))
+    }
     fn stats(&self) -> NodeStats {
         self.with(|d| d.stats())
     }
