@@ -39,7 +39,9 @@ pub fn attention(q: &[f32], keys: &[f32], values: &[f32], pos0: usize, s: Heads,
     assert!(out.len() == q.len() && keys.len() >= (pos0 + m) * s.kv_heads * hd);
     // Enough tasks for every thread: runs of tokens per key-value head, and the heads of a
     // group split further when there are more threads than (head, token) pairs.
-    let threads = candle_core::utils::get_num_threads().max(1);
+    // (candle's thread count reads the machine's CPU description: asked once.)
+    static THREADS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    let threads = *THREADS.get_or_init(|| candle_core::utils::get_num_threads().max(1));
     let per_task = (m * s.kv_heads / (2 * threads)).clamp(1, MAX_TOKENS);
     let runs = m.div_ceil(per_task);
     let head_split = threads.div_ceil(s.kv_heads * runs).min(group);
