@@ -326,26 +326,17 @@ impl CostCache {
 
     /// Writes the cache (to a temporary file first, so an interrupted write loses nothing).
     pub fn save(&self) -> Result<()> {
-        let io = |e: std::io::Error| {
-            Error::config(
-                self.path.display().to_string(),
-                format!("cannot write the cost cache: {e}"),
-            )
-        };
-        if let Some(dir) = self.path.parent() {
-            std::fs::create_dir_all(dir).map_err(io)?;
-        }
         let file = CacheFile {
             version: VERSION,
             entries: self.entries.clone(),
         };
         let text = serde_json::to_string_pretty(&file).expect("plain data");
-        // Per process: two runs measuring at once each write whole files.
-        let tmp = self
-            .path
-            .with_extension(format!("{}.tmp", std::process::id()));
-        std::fs::write(&tmp, text).map_err(io)?;
-        std::fs::rename(&tmp, &self.path).map_err(io)
+        crate::files::write_atomically(&self.path, text.as_bytes()).map_err(|e| {
+            Error::config(
+                self.path.display().to_string(),
+                format!("cannot write the cost cache: {e}"),
+            )
+        })
     }
 }
 

@@ -230,15 +230,8 @@ impl BigramTable {
     /// Writes the table atomically: to a temporary file beside `path`, then renamed over it,
     /// so an interrupted build never leaves a half-written table.
     pub fn save(&self, path: &Path) -> Result<()> {
-        let mut tmp = path.as_os_str().to_owned();
-        tmp.push(".partial");
-        let tmp = std::path::PathBuf::from(tmp);
-        std::fs::write(&tmp, self.to_bytes())
-            .and_then(|()| std::fs::rename(&tmp, path))
-            .map_err(|e| {
-                let _ = std::fs::remove_file(&tmp);
-                bad_table(path, format!("cannot write: {e}"))
-            })
+        crate::files::write_atomically(path, &self.to_bytes())
+            .map_err(|e| bad_table(path, format!("cannot write: {e}")))
     }
 
     /// Reads and checks the table at `path`.

@@ -235,22 +235,10 @@ impl History {
         out
     }
 
-    /// Writes the file: a temporary file beside it, renamed over it.
+    /// Writes the file (atomically).
     fn save(&self) -> Result<()> {
-        let path = &self.path;
-        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-            std::fs::create_dir_all(dir)
-                .map_err(|e| bad(path, format!("cannot create {}: {e}", dir.display())))?;
-        }
-        let mut tmp = path.as_os_str().to_owned();
-        tmp.push(".partial");
-        let tmp = PathBuf::from(tmp);
-        std::fs::write(&tmp, self.to_bytes())
-            .and_then(|()| std::fs::rename(&tmp, path))
-            .map_err(|e| {
-                let _ = std::fs::remove_file(&tmp);
-                bad(path, format!("cannot write: {e}"))
-            })
+        crate::files::write_atomically(&self.path, &self.to_bytes())
+            .map_err(|e| bad(&self.path, format!("cannot write: {e}")))
     }
 }
 

@@ -55,6 +55,13 @@ pub fn attention(q: &[f32], keys: &[f32], values: &[f32], pos0: usize, s: Heads,
             }
         }
     }
+    let layer = Layer {
+        q,
+        keys,
+        values,
+        pos0,
+        s,
+    };
     struct Out(*mut f32);
     // SAFETY: each (token, head) slice of `out` is written by exactly one task.
     unsafe impl Sync for Out {}
@@ -73,10 +80,20 @@ pub fn attention(q: &[f32], keys: &[f32], values: &[f32], pos0: usize, s: Heads,
                 // this task alone.
                 .map(|&i| unsafe { std::slice::from_raw_parts_mut(ptr.0.add(i * hd), hd) })
                 .collect();
-            attend(q, keys, values, pos0, s, &queries, &mut outs, &mut scores);
+            attend(&layer, &queries, &mut outs, &mut scores);
         }
     };
     candle_core::utils::barrier_pool().execute_chunked(tasks.len(), run);
+}
+
+/// What the queries of one layer attend over: the query rows (positions `pos0..`), the cached
+/// keys and values, and the attention shape.
+struct Layer<'a> {
+    q: &'a [f32],
+    keys: &'a [f32],
+    values: &'a [f32],
+    pos0: usize,
+    s: Heads,
 }
 
 /// Positions per block: a block's keys (or values) stay in the first-level cache while every
@@ -90,39 +107,18 @@ const BLOCK: usize = 32;
 /// `1 / sqrt(head_dim)`; weights are `exp(score - max) / sum`, summed in position order;
 /// each output value is `fma(weight_j, value_j, acc)` over positions in order. It runs on AVX2
 /// registers where the CPU has AVX2 and FMA, on arrays otherwise, with the same results.
-#[allow(clippy::too_many_arguments)]
-fn attend(
-    q: &[f32],
-    keys: &[f32],
-    values: &[f32],
-    pos0: usize,
-    s: Heads,
-    queries: &[usize],
-    outs: &mut [&mut [f32]],
-    scores: &mut Vec<f32>,
-) {
+fn attend(layer: &Layer, queries: &[usize], outs: &mut [&mut [f32]], scores: &mut Vec<f32>) {
     #[cfg(target_arch = "x86_64")]
     if crate::vecmath::has_fma() {
         #[target_feature(enable = "avx2,fma")]
-        #[allow(clippy::too_many_arguments)]
-        unsafe fn fast(
-            q: &[f32],
-            keys: &[f32],
-            values: &[f32],
-            pos0: usize,
-            s: Heads,
-            queries: &[usize],
-            outs: &mut [&mut [f32]],
-            scores: &mut Vec<f32>,
-        ) {
-            use std::arch::x86_64::__m256;
-            attend_with::<__m256>(q, keys, values, pos0, s, queries, outs, scores)
+        unsafe fn fast(l: &Layer, queries: &[usize], outs: &mut [&mut [f32]], s: &mut Vec<f32>) {
+            attend_with::<std::arch::x86_64::__m256>(l, queries, outs, s)
         }
         // SAFETY: the CPU has AVX2 and FMA.
-        return unsafe { fast(q, keys, values, pos0, s, queries, outs, scores) };
+        return unsafe { fast(layer, queries, outs, scores) };
     }
     // SAFETY: arrays need no CPU feature.
-    unsafe { attend_with::<[f32; 8]>(q, keys, values, pos0, s, queries, outs, scores) }
+    unsafe { attend_with::<[f32; 8]>(layer, queries, outs, scores) }
 }
 
 /// [`attend`] on lanes `L`.
@@ -130,17 +126,19 @@ fn attend(
 /// # Safety
 /// The CPU must run `L`'s methods ([`Lanes`]).
 #[inline(always)]
-#[allow(clippy::too_many_arguments)]
 unsafe fn attend_with<L: Lanes>(
-    q: &[f32],
-    keys: &[f32],
-    values: &[f32],
-    pos0: usize,
-    s: Heads,
+    layer: &Layer,
     queries: &[usize],
     outs: &mut [&mut [f32]],
     scores: &mut Vec<f32>,
 ) {
+    let &Layer {
+        q,
+        keys,
+        values,
+        pos0,
+        s,
+    } = layer;
     let hd = s.head_dim;
     let kv_row = s.kv_heads * hd;
     let kv = (queries[0] % s.heads) / (s.heads / s.kv_heads) * hd;
@@ -272,7 +270,14 @@ mod tests {
         let mut scores = Vec::new();
         for i in 0..q.len() / hd {
             let o = &mut out[i * hd..(i + 1) * hd];
-            attend(q, keys, values, pos0, s, &[i], &mut [o], &mut scores);
+            let layer = Layer {
+                q,
+                keys,
+                values,
+                pos0,
+                s,
+            };
+            attend(&layer, &[i], &mut [o], &mut scores);
         }
         out
     }
