@@ -6,7 +6,7 @@
 use crate::costs::ForwardCost;
 use crate::draft::{Drafter, NodeStats};
 use crate::error::{Error, Result};
-use crate::gate::BucketCount;
+use crate::gate::{BucketCount, Priors};
 use crate::model::Model;
 use crate::review::ReviewCounts;
 use crate::reviewer::{ReviewRule, Reviewer};
@@ -218,9 +218,10 @@ impl Engine {
     }
 
     /// Sizes the target's drafts adaptively (see [`crate::gate`]) with its measured forward
-    /// cost: `GenerateOptions::k` becomes an upper bound.
-    pub fn with_adaptive(mut self, verify: ForwardCost) -> Self {
-        self.target.set_adaptive(verify);
+    /// cost, starting each drafter's acceptance estimates from `priors` where given (bucket
+    /// midpoints otherwise): `GenerateOptions::k` becomes an upper bound.
+    pub fn with_adaptive(mut self, verify: ForwardCost, priors: &[(String, Priors)]) -> Self {
+        self.target.set_adaptive(verify, priors);
         self
     }
 

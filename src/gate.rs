@@ -54,6 +54,16 @@ fn bucket(confidence: Option<f32>) -> usize {
     }
 }
 
+/// Prior acceptance by confidence bucket, before any review (one value per bucket of
+/// [`BUCKET_EDGES`], then one for positions without confidence). Bucket midpoints unless a
+/// config gives measured ones (`[target.acceptance]`, written by `cascade plan`).
+pub type Priors = [f64; BUCKETS];
+
+/// The priors without measurement: each bucket's midpoint.
+pub fn midpoints() -> Priors {
+    std::array::from_fn(midpoint)
+}
+
 /// The middle of a bucket: the prior acceptance of its positions.
 fn midpoint(b: usize) -> f64 {
     match b {
@@ -66,7 +76,7 @@ fn midpoint(b: usize) -> f64 {
 }
 
 /// Weight of a bucket's prior, in reviews.
-const PRIOR: f64 = 2.0;
+pub(crate) const PRIOR: f64 = 2.0;
 /// Per review in a bucket, older reviews count this much less: about the last 12 matter, so
 /// that the estimates follow the text from one task to the next.
 const DECAY: f64 = 0.92;
@@ -80,6 +90,8 @@ const RATE_WEIGHT: f64 = 0.1;
 /// How one drafter's proposals fare at one review level.
 #[derive(Clone, Debug)]
 pub struct Calibration {
+    /// What each bucket's estimate starts from.
+    prior: Priors,
     /// Per bucket, recent (decayed) reviews and acceptances: the estimate.
     recent: [(f64, f64); BUCKETS],
     /// Per bucket, all reviews and acceptances: the report.
@@ -96,6 +108,7 @@ pub struct Calibration {
 impl Default for Calibration {
     fn default() -> Self {
         Self {
+            prior: midpoints(),
             recent: [(0.0, 0.0); BUCKETS],
             total: [(0, 0); BUCKETS],
             // Optimistic, so that a new drafter gets tried.
@@ -111,7 +124,7 @@ impl Calibration {
     pub fn estimate(&self, confidence: Option<f32>) -> f64 {
         let b = bucket(confidence);
         let (n, a) = self.recent[b];
-        (a + PRIOR * midpoint(b)) / (n + PRIOR)
+        (a + PRIOR * self.prior[b]) / (n + PRIOR)
     }
 
     fn record(&mut self, confidence: Option<f32>, accepted: bool) {
@@ -173,6 +186,16 @@ impl Adaptive {
     /// The rate a drafted position must beat: the recent rate, at least plain decoding's.
     fn lambda(&self) -> f64 {
         self.rate.max(self.decoding)
+    }
+
+    /// Starts the estimates of each named drafter from its measured acceptance by confidence
+    /// bucket instead of the bucket midpoints.
+    pub fn with_priors(mut self, priors: &[(String, Priors)]) -> Self {
+        for (name, prior) in priors {
+            let source: Source = name.as_str().into();
+            self.calibration_mut(&source).prior = *prior;
+        }
+        self
     }
 
     /// What this level learned of `source`.
@@ -531,6 +554,21 @@ mod tests {
         assert!(!Gate::adaptive(a.clone()).worth_drafting(&neural, 0.02));
         // Copies are still worth their verification.
         assert!(Gate::adaptive(a).admit(&mag, Some(0.999)));
+    }
+
+    #[test]
+    fn measured_priors_decide_the_first_rounds() {
+        // Midpoint priors draft a free drafter's 0.65-confidence tokens while 0.65^n pays for
+        // a verify row (0.2 of a decode step): three of them. A measured prior of 0.05 for that
+        // bucket declines them from the first round, before any review.
+        let a = Adaptive::new(verify());
+        assert_eq!(admitted(&a, &[0.65; 4]), 3);
+        let mut prior = midpoints();
+        prior[bucket(Some(0.65))] = 0.05;
+        let a = Adaptive::new(verify()).with_priors(&[("d".to_string(), prior)]);
+        assert_eq!(admitted(&a, &[0.65; 4]), 0);
+        // Other buckets keep their midpoints.
+        assert_eq!(admitted(&a, &[0.99; 4]), 4);
     }
 
     #[test]

@@ -19,6 +19,7 @@ use crate::config::{
 };
 use crate::costs::interpolate;
 use crate::error::{Error, Result};
+use crate::gate::{midpoints, Priors, BUCKETS, BUCKET_EDGES, PRIOR};
 use crate::review::ReviewCounts;
 use crate::theory::{self, Segment};
 use std::path::Path;
@@ -229,6 +230,103 @@ impl<'a> Measured<'a> {
         }
         Ok((m.c_measured, r))
     }
+}
+
+/// One drafter's reviews at the target by confidence bucket, summed over a config's runs: where
+/// an adaptive gate's estimates can start (`[target.acceptance]`) instead of bucket midpoints.
+#[derive(Clone, Debug, PartialEq)]
+pub struct MeasuredAcceptance {
+    /// The drafter's name.
+    pub drafter: String,
+    /// Positions reviewed and accepted, per bucket.
+    pub reviewed: [u64; BUCKETS],
+    /// Of those, accepted.
+    pub accepted: [u64; BUCKETS],
+}
+
+impl MeasuredAcceptance {
+    /// Per bucket, the acceptance the gate would estimate after these reviews: the measured
+    /// rate, pulled toward the bucket's midpoint with the gate's own prior weight (so a bucket
+    /// with few reviews stays near it), to three decimals.
+    pub fn priors(&self) -> Priors {
+        let mid = midpoints();
+        std::array::from_fn(|b| {
+            let p = (self.accepted[b] as f64 + PRIOR * mid[b]) / (self.reviewed[b] as f64 + PRIOR);
+            (p * 1000.0).round() / 1000.0
+        })
+    }
+}
+
+impl std::fmt::Display for MeasuredAcceptance {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "| {} |", self.drafter)?;
+        for (p, n) in self.priors().iter().zip(&self.reviewed) {
+            write!(f, " {p:.2} ({n}) |")?;
+        }
+        Ok(())
+    }
+}
+
+/// The header of a table of [`MeasuredAcceptance`] rows.
+pub fn acceptance_header() -> String {
+    let mut low = 0.0;
+    let mut cols: Vec<String> = BUCKET_EDGES
+        .iter()
+        .map(|&e| {
+            let c = format!("{low:.2}-{e:.2}");
+            low = e;
+            c
+        })
+        .collect();
+    cols.push("none".into());
+    format!(
+        "| drafter | {} |\n|---|{}",
+        cols.join(" | "),
+        "---|".repeat(cols.len())
+    )
+}
+
+impl Measured<'_> {
+    /// Every drafter's reviews at the target by confidence bucket (empty if the config did not
+    /// size its drafts adaptively).
+    pub fn acceptance(&self) -> Vec<MeasuredAcceptance> {
+        let mut out: Vec<MeasuredAcceptance> = Vec::new();
+        for s in self.runs.iter().flat_map(|r| &r.acceptance_by_confidence) {
+            let i = match out.iter().position(|m| m.drafter == s.drafter) {
+                Some(i) => i,
+                None => {
+                    out.push(MeasuredAcceptance {
+                        drafter: s.drafter.clone(),
+                        reviewed: [0; BUCKETS],
+                        accepted: [0; BUCKETS],
+                    });
+                    out.len() - 1
+                }
+            };
+            for c in &s.buckets {
+                let b = c
+                    .up_to
+                    .and_then(|e| BUCKET_EDGES.iter().position(|&x| x == e))
+                    .unwrap_or(BUCKETS - 1);
+                out[i].reviewed[b] += c.reviewed;
+                out[i].accepted[b] += c.accepted;
+            }
+        }
+        out
+    }
+}
+
+/// Writes measured acceptance into the config document as `[target.acceptance]`.
+pub fn write_acceptance(doc: &mut toml::Value, measured: &[MeasuredAcceptance]) -> Result<()> {
+    let table: toml::map::Map<String, toml::Value> = measured
+        .iter()
+        .map(|m| {
+            let values = m.priors().iter().map(|&p| toml::Value::Float(p)).collect();
+            (m.drafter.clone(), toml::Value::Array(values))
+        })
+        .collect();
+    *entry(doc, &["target", "acceptance"])? = toml::Value::Table(table);
+    Ok(())
 }
 
 /// Plans every review level of `plan` (bottom-up; the target's last) for drafts of at most

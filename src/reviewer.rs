@@ -8,7 +8,7 @@
 use crate::costs::ForwardCost;
 use crate::draft::{Draft, Drafter, Request};
 use crate::error::Result;
-use crate::gate::{Adaptive, Gate, Prediction, Source};
+use crate::gate::{Adaptive, Gate, Prediction, Priors, Source};
 use crate::model::{Logits, Model, SyncedModel};
 use crate::review::{review, ReviewCounts, Verdict};
 use crate::sampling::{Dist, Rng, Sampling};
@@ -72,8 +72,8 @@ impl Reviewer {
 
     /// Sizes drafts adaptively (see [`crate::gate`]), with this model's measured forward
     /// cost; the draft length asked for becomes an upper bound.
-    pub fn set_adaptive(&mut self, verify: ForwardCost) {
-        self.adaptive = Some(Adaptive::new(verify));
+    pub fn set_adaptive(&mut self, verify: ForwardCost, priors: &[(String, Priors)]) {
+        self.adaptive = Some(Adaptive::new(verify).with_priors(priors));
     }
 
     /// With adaptive drafting, what this level learned of the drafters below it.

@@ -553,6 +553,79 @@ fn plan_without_a_report_calibrates_first() {
     assert!(!ok && err.contains("cannot be used with"), "{err}");
 }
 
+/// For an adaptive config, `plan` measures each drafter's acceptance by confidence bucket in a
+/// short calibration and writes it as where the gate's estimates start; the written config runs.
+#[test]
+fn plan_writes_an_adaptive_gates_measured_acceptance() {
+    let _s = serial();
+    let out = tempfile::tempdir().unwrap();
+    let written = out.path().join("planned.toml");
+    let (ok, stdout, err) = cascade(
+        &[
+            "plan",
+            "-c",
+            "configs/adaptive.toml",
+            "--per-category",
+            "1",
+            "-n",
+            "24",
+            "--out",
+            out.path().to_str().unwrap(),
+            "--write",
+            written.to_str().unwrap(),
+        ],
+        None,
+    );
+    assert!(ok, "{err}");
+    assert!(
+        stdout.contains("where the gate's estimates start"),
+        "{stdout}"
+    );
+    let report: cascade::bench::Report =
+        serde_json::from_str(&std::fs::read_to_string(out.path().join("report.json")).unwrap())
+            .unwrap();
+    let measured = cascade::planner::Measured::new(&report, "adaptive")
+        .unwrap()
+        .acceptance();
+    let doc: toml::Value = toml::from_str(&std::fs::read_to_string(&written).unwrap()).unwrap();
+    let table = doc["target"]["acceptance"].as_table().unwrap();
+    assert!(!measured.is_empty());
+    for m in &measured {
+        // The drafter's reviews, pulled toward the bucket midpoints by two reviews' weight.
+        let values: Vec<f64> = table[&m.drafter]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_float().unwrap())
+            .collect();
+        assert_eq!(values, m.priors().to_vec(), "{}", m.drafter);
+        assert!(stdout.contains(&format!("| {} |", m.drafter)), "{stdout}");
+        for (b, v) in values.iter().enumerate() {
+            let (n, a) = (m.reviewed[b] as f64, m.accepted[b] as f64);
+            if n >= 20.0 {
+                assert!(
+                    (v - a / n).abs() < 0.1,
+                    "{}: bucket {b}: {v} vs {a}/{n}",
+                    m.drafter
+                );
+            }
+        }
+    }
+    let (ok, _, err) = cascade(
+        &[
+            "generate",
+            "-c",
+            written.to_str().unwrap(),
+            "-n",
+            "8",
+            "-p",
+            "def f(x):",
+        ],
+        None,
+    );
+    assert!(ok, "{err}");
+}
+
 /// Runs `cascade plan` on the committed bench report for `config`, writing the best settings
 /// to `written`; returns its output and the written document.
 fn plan_and_write(config: &str, max_k: usize, written: &Path) -> (String, toml::Value) {

@@ -573,7 +573,7 @@ fn adaptive_drafting_keeps_the_target_distribution() {
         ];
         for (name, d) in drafters {
             let mut e = Engine::new(Box::new(target()), Some(d), toy_tokenizer(VOCAB))
-                .with_adaptive(verify_cost());
+                .with_adaptive(verify_cost(), &[]);
             let (counts, mean_draft) = sampled_with_drafts(&mut e, s, 4);
             // The gate must have both drafted and declined for the test to mean much.
             assert!(
@@ -654,7 +654,7 @@ fn a_gate_asked_after_sampling_fails_the_test() {
         Some(Box::new(Peeking)),
         toy_tokenizer(VOCAB),
     )
-    .with_adaptive(verify_cost());
+    .with_adaptive(verify_cost(), &[]);
     let (counts, mean_draft) = sampled_with_drafts(&mut e, &s, 1);
     assert!(mean_draft > 0.1, "{mean_draft}");
     assert!(

@@ -300,6 +300,38 @@ fn missing_table_and_bad_max_gram_settings() {
     );
 }
 
+/// `[target.acceptance]`: for an adaptive target, named drafters, one value in [0, 1] per
+/// confidence bucket.
+#[test]
+fn malformed_acceptance_priors() {
+    let cfg = |adaptive: bool, acceptance: &str| {
+        format!(
+            "{TARGET_ONLY}drafter = \"mag\"\nadaptive = {adaptive}\n[target.acceptance]\n{acceptance}\n\
+             [drafters.mag]\nkind = \"max_gram\"\n"
+        )
+    };
+    let fourteen = format!("[{}]", vec!["0.5"; 14].join(", "));
+    assert_eq!(
+        config_error(&cfg(false, &format!("mag = {fourteen}"))),
+        "target.acceptance: starts an adaptive gate's estimates: it needs `adaptive = true`"
+    );
+    assert_eq!(
+        config_error(&cfg(true, &format!("small = {fourteen}"))),
+        "target.acceptance.small: unknown drafter `small` (defined in [drafters]: mag)"
+    );
+    assert_eq!(
+        config_error(&cfg(true, "mag = [0.5, 0.5]")),
+        "target.acceptance.mag: expected 14 values (one per confidence bucket up to 0.1, 0.2, \
+         0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.98, 0.99, 1, then positions without \
+         confidence), got 2"
+    );
+    let high = format!("[{}, 1.5]", vec!["0.5"; 13].join(", "));
+    assert_eq!(
+        config_error(&cfg(true, &format!("mag = {high}"))),
+        "target.acceptance.mag: values must be in [0, 1], got 1.5"
+    );
+}
+
 /// A Max-Gram history: its size in range, a path that is not a folder, and a file that is
 /// damaged or written for another tokenizer refused when the engine is built.
 #[test]

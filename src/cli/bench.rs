@@ -224,14 +224,34 @@ pub fn plan(args: PlanArgs) -> Result<()> {
     let config = load_plan(&args.config, &raw)?;
     let name = label(&args.config);
     let measured = planner::Measured::new(&report, &name)?;
-    let levels = planner::plan_levels(&measured, &config, args.max_k)?;
     println!("config {name}, planned from {}:", from.display());
-    for l in &levels {
-        println!("\n{l}");
-    }
+    // An adaptive target sizes its drafts as it goes: what is planned is where its gate's
+    // acceptance estimates start.
+    let (levels, acceptance) = if config.adaptive {
+        let acceptance = measured.acceptance();
+        if acceptance.is_empty() {
+            bail!("config `{name}` has no acceptance by confidence in the report");
+        }
+        println!(
+            "\nacceptance at the target by confidence bucket (reviews), where the gate's \
+             estimates start:\n{}",
+            planner::acceptance_header()
+        );
+        acceptance.iter().for_each(|a| println!("{a}"));
+        (Vec::new(), acceptance)
+    } else {
+        let levels = planner::plan_levels(&measured, &config, args.max_k)?;
+        for l in &levels {
+            println!("\n{l}");
+        }
+        (levels, Vec::new())
+    };
     if let Some(out) = args.write {
         let mut doc: toml::Value = toml::from_str(&std::fs::read_to_string(&args.config)?)?;
         planner::write_best(&raw, &mut doc, &levels)?;
+        if !acceptance.is_empty() {
+            planner::write_acceptance(&mut doc, &acceptance)?;
+        }
         let base = args.config.parent().map(PathBuf::from).unwrap_or_default();
         planner::absolute_paths(&mut doc, &base);
         std::fs::write(&out, toml::to_string(&doc)?)?;

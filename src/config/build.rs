@@ -50,7 +50,7 @@ impl Plan {
             target.tokenizer.clone(),
         );
         Ok(if self.adaptive {
-            engine.with_adaptive(b.cost(&target)?)
+            engine.with_adaptive(b.cost(&target)?, &self.acceptance)
         } else {
             engine
         })

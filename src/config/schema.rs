@@ -50,6 +50,10 @@ pub struct RawTarget {
     /// (`k` becomes an upper bound).
     #[serde(default)]
     pub adaptive: bool,
+    /// With `adaptive`: measured acceptance by confidence bucket of each drafter, where the
+    /// gate's estimates start (`cascade plan` writes it from a bench report).
+    #[serde(default)]
+    pub acceptance: BTreeMap<String, Vec<f64>>,
     /// Cap on the context length (tokens), below the model's own.
     pub context: Option<usize>,
 }

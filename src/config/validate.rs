@@ -1,12 +1,14 @@
 //! From the TOML as written to a validated [`Plan`]: every setting checked once, errors
 //! naming the TOML path, model files resolved, the K-matrix notation expanded into a tree.
 
-use super::schema::{RawConfig, RawDrafter, BUILT_IN_KINDS};
+use super::schema::{RawConfig, RawDrafter, RawTarget, BUILT_IN_KINDS};
 use super::Registry;
 use crate::drafter::MaxGramPolicy;
 use crate::engine::GenerateOptions;
 use crate::error::{Error, Result};
+use crate::gate::{Priors, BUCKETS, BUCKET_EDGES};
 use crate::model::ModelSource;
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 /// A validated configuration: models resolved to files, settings checked.
@@ -18,6 +20,8 @@ pub struct Plan {
     pub drafter: Option<DrafterNode>,
     /// The target sizes drafts adaptively.
     pub adaptive: bool,
+    /// Where the target's gate starts its acceptance estimates, per drafter.
+    pub acceptance: Vec<(String, Priors)>,
     /// Cap on the context length.
     pub context: Option<usize>,
     /// Generation settings.
@@ -277,6 +281,7 @@ impl RawConfig {
             target: v.model(&t.model, &t.tokenizer, "target")?,
             drafter,
             adaptive: t.adaptive,
+            acceptance: acceptance(t, &self.drafters)?,
             context: t.context,
             options: GenerateOptions {
                 max_new_tokens: self.generation.max_new_tokens,
@@ -293,6 +298,53 @@ impl RawConfig {
             registry: registry.clone(),
         })
     }
+}
+
+/// `[target.acceptance]`: for an adaptive target, one value in [0, 1] per confidence bucket
+/// for drafters of the config.
+fn acceptance(
+    t: &RawTarget,
+    drafters: &BTreeMap<String, RawDrafter>,
+) -> Result<Vec<(String, Priors)>> {
+    if !t.acceptance.is_empty() && !t.adaptive {
+        return Err(Error::config(
+            "target.acceptance",
+            "starts an adaptive gate's estimates: it needs `adaptive = true`",
+        ));
+    }
+    t.acceptance
+        .iter()
+        .map(|(name, values)| {
+            let at = format!("target.acceptance.{name}");
+            if !drafters.contains_key(name) {
+                return Err(Error::config(
+                    at,
+                    format!(
+                        "unknown drafter `{name}` (defined in [drafters]: {})",
+                        drafters.keys().cloned().collect::<Vec<_>>().join(", ")
+                    ),
+                ));
+            }
+            let priors: Priors = values.as_slice().try_into().map_err(|_| {
+                Error::config(
+                    &at,
+                    format!(
+                        "expected {BUCKETS} values (one per confidence bucket up to {}, then \
+                         positions without confidence), got {}",
+                        BUCKET_EDGES.map(|e| e.to_string()).join(", "),
+                        values.len()
+                    ),
+                )
+            })?;
+            if let Some(v) = priors.iter().find(|v| !(0.0..=1.0).contains(*v)) {
+                return Err(Error::config(
+                    at,
+                    format!("values must be in [0, 1], got {v}"),
+                ));
+            }
+            Ok((name.clone(), priors))
+        })
+        .collect()
 }
 
 fn unknown_kind(name: &str, kind: &str, registry: &Registry) -> Error {

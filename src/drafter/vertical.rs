@@ -63,7 +63,7 @@ impl VerticalCascade {
     /// Sizes this level's inner drafts adaptively (see [`crate::gate`]) with the reviewer's
     /// measured forward cost; the inner draft length becomes an upper bound.
     pub fn with_adaptive(mut self, cost: ForwardCost) -> Self {
-        self.reviewer.set_adaptive(cost.clone());
+        self.reviewer.set_adaptive(cost.clone(), &[]);
         self.with_cost(cost)
     }
 
