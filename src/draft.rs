@@ -246,7 +246,8 @@ pub trait Drafter: Send {
     fn commit(&mut self, _context: &[u32]) {}
 
     /// The sequence ended, having generated `output` after its prompt (however it ended). A
-    /// drafter that learns across sequences records it here (Max-Gram's history file).
+    /// drafter that learns across sequences records it here (Max-Gram's history file). An
+    /// error does not lose the output: the engine reports it among the generation's warnings.
     fn finish(&mut self, _output: &[u32]) -> Result<()> {
         Ok(())
     }

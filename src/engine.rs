@@ -180,6 +180,10 @@ pub struct Generation {
     pub stats: Stats,
     /// Counters of every node of the drafter tree.
     pub drafter: Option<NodeStats>,
+    /// What went wrong after the text was complete, without losing it: a drafter that could
+    /// not record the output (Max-Gram's history file).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub warnings: Vec<String>,
 }
 
 /// A target model with an optional drafter.
@@ -342,9 +346,11 @@ impl Engine {
         };
         on_text(stream.take_final(true));
         stats.decode_seconds = start.elapsed().as_secs_f64();
-        if let Some(d) = self.drafter.as_mut() {
-            d.finish(&generated)?;
-        }
+        // The text is out: a drafter that cannot record it costs a warning, not the text.
+        let warnings = match self.drafter.as_mut().map(|d| d.finish(&generated)) {
+            Some(Err(e)) => vec![e.to_string()],
+            _ => Vec::new(),
+        };
         stats.generated_tokens = generated.len();
         if let Some(a) = self.target.adaptive() {
             stats.acceptance_by_confidence = a.report();
@@ -355,6 +361,7 @@ impl Engine {
             finish_reason: finish,
             stats,
             drafter: self.drafter.as_ref().map(|d| d.stats()),
+            warnings,
         })
     }
 }

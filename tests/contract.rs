@@ -1,17 +1,20 @@
 //! Drafters are held to their contract at every review level: a plug-in that proposes an
 //! out-of-vocabulary token, or tokens it was not admitted, is a clear error wherever it sits
 //! in the tree (the target's review, a vertical cascade's, a horizontal cascade's part), never
-//! an index out of bounds; and an empty context is an error, not a panic.
+//! an index out of bounds; an empty context is an error, not a panic; and a drafter that
+//! cannot record a finished output costs a warning, never the output.
 
 mod common;
 
 use cascade::draft::{try_propose, Draft, Drafter, Request};
-use cascade::drafter::{HorizontalCascade, NeuralDrafter, VerticalCascade};
+use cascade::drafter::{AdaptiveCascade, HorizontalCascade, NeuralDrafter, VerticalCascade};
 use cascade::engine::{Engine, GenerateOptions};
 use cascade::sampling::{Dist, Rng, Sampling};
 use cascade::Error;
 use common::{toy_tokenizer, ToyModel};
 use rand::SeedableRng;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 
 const VOCAB: usize = 6;
 
@@ -106,4 +109,71 @@ fn a_cascade_asked_to_continue_nothing_is_an_error() {
         e.to_string(),
         "empty prompt: at least one token is needed to start generation"
     );
+}
+
+/// A plug-in that drafts nothing and counts the outputs it is asked to record; with `fails`,
+/// recording fails as a full disk would.
+struct Recorder {
+    finished: Arc<AtomicUsize>,
+    fails: bool,
+}
+
+impl Drafter for Recorder {
+    fn name(&self) -> &str {
+        "recorder"
+    }
+
+    fn draft(&mut self, _: &[u32], _: &mut Request) -> cascade::Result<Draft> {
+        Ok(Draft::new())
+    }
+
+    fn finish(&mut self, _: &[u32]) -> cascade::Result<()> {
+        self.finished.fetch_add(1, Ordering::Relaxed);
+        match self.fails {
+            true => Err(Error::History {
+                path: "h.hist".into(),
+                reason: "cannot write: No space left on device".into(),
+            }),
+            false => Ok(()),
+        }
+    }
+}
+
+#[test]
+fn a_drafter_that_cannot_record_the_output_costs_a_warning_not_the_output() {
+    let opts = GenerateOptions {
+        max_new_tokens: 6,
+        ..Default::default()
+    };
+    let plain = Engine::new(toy(), None, toy_tokenizer(VOCAB))
+        .generate(&[1, 2], &opts, &mut |_| {})
+        .unwrap();
+    let finished = Arc::new(AtomicUsize::new(0));
+    let part = |fails| {
+        Box::new(Recorder {
+            finished: finished.clone(),
+            fails,
+        }) as Box<dyn Drafter>
+    };
+    // The failing part comes first: the parts after it still record.
+    let drafters: [Box<dyn Drafter>; 3] = [
+        part(true),
+        Box::new(HorizontalCascade::new(
+            "h",
+            vec![(part(true), 1), (part(false), 1)],
+        )),
+        Box::new(AdaptiveCascade::new("a", vec![part(true), part(false)])),
+    ];
+    for (i, drafter) in drafters.into_iter().enumerate() {
+        let mut e = Engine::new(toy(), Some(drafter), toy_tokenizer(VOCAB));
+        let mut streamed = String::new();
+        let got = e.generate(&[1, 2], &opts, &mut |t| streamed += t).unwrap();
+        assert_eq!(got.tokens, plain.tokens, "drafter {i}");
+        assert_eq!(streamed, got.text);
+        assert_eq!(
+            got.warnings,
+            ["Max-Gram history h.hist: cannot write: No space left on device"]
+        );
+    }
+    assert_eq!(finished.load(Ordering::Relaxed), 5);
 }

@@ -141,6 +141,9 @@ pub fn generate(args: GenerateArgs) -> Result<()> {
             println!();
             eprintln!("[seed {}: {}]", opts.seed, summary_line(&out));
         }
+        for w in &out.warnings {
+            eprintln!("cascade: warning: {w}");
+        }
         samples.push((opts.seed, out));
     }
     let comparison = if args.compare {

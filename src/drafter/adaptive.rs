@@ -70,9 +70,11 @@ impl Drafter for AdaptiveCascade {
     }
 
     fn finish(&mut self, output: &[u32]) -> Result<()> {
+        // Every part records the output, even after one fails; the first failure is reported.
         self.parts
             .iter_mut()
-            .try_for_each(|(d, _)| d.finish(output))
+            .map(|(d, _)| d.finish(output))
+            .fold(Ok(()), Result::and)
     }
 
     fn stats(&self) -> NodeStats {

@@ -63,11 +63,7 @@ impl History {
         capacity: usize,
         max_ngram: usize,
     ) -> Result<Self> {
-        let tokens = match std::fs::read(path) {
-            Ok(bytes) => parse(&bytes, path, fingerprint, vocab)?,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
-            Err(e) => return Err(bad(path, format!("cannot read: {e}"))),
-        };
+        let tokens = read(path, fingerprint, vocab)?.unwrap_or_default();
         let mut history = Self {
             path: path.to_path_buf(),
             fingerprint,
@@ -147,7 +143,8 @@ impl History {
     }
 
     /// Adds `output` as the most recent, forgets the oldest outputs beyond the capacity, and
-    /// writes the file.
+    /// writes the file. Other processes may share the file: under its lock, what they wrote
+    /// since is read first and kept, so no writer drops another's outputs.
     pub fn record(&mut self, output: &[u32]) -> Result<()> {
         if output.is_empty() {
             return Ok(());
@@ -160,6 +157,10 @@ impl History {
                     self.vocab
                 ),
             ));
+        }
+        let _lock = self.lock()?;
+        if let Some(tokens) = read(&self.path, self.fingerprint, self.vocab)? {
+            self.tokens = tokens;
         }
         // An output longer than the whole capacity keeps its end.
         let keep = output.len().min(self.capacity - 1);
@@ -235,10 +236,39 @@ impl History {
         out
     }
 
+    /// The file's lock (`<path>.lock`, held until dropped), waiting for another process to
+    /// release it.
+    fn lock(&self) -> Result<std::fs::File> {
+        let mut path = self.path.as_os_str().to_owned();
+        path.push(".lock");
+        let lock = || -> std::io::Result<std::fs::File> {
+            if let Some(dir) = self.path.parent().filter(|d| !d.as_os_str().is_empty()) {
+                std::fs::create_dir_all(dir)?;
+            }
+            let file = std::fs::OpenOptions::new()
+                .create(true)
+                .truncate(false)
+                .write(true)
+                .open(&path)?;
+            file.lock()?;
+            Ok(file)
+        };
+        lock().map_err(|e| bad(&self.path, format!("cannot lock {}: {e}", path.display())))
+    }
+
     /// Writes the file (atomically).
     fn save(&self) -> Result<()> {
         crate::files::write_atomically(&self.path, &self.to_bytes())
             .map_err(|e| bad(&self.path, format!("cannot write: {e}")))
+    }
+}
+
+/// The tokens of the history file at `path`, checked; `None` if there is no file.
+fn read(path: &Path, fingerprint: u64, vocab: usize) -> Result<Option<Vec<u32>>> {
+    match std::fs::read(path) {
+        Ok(bytes) => parse(&bytes, path, fingerprint, vocab).map(Some),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(bad(path, format!("cannot read: {e}"))),
     }
 }
 
@@ -380,6 +410,23 @@ mod tests {
                 assert_eq!(got, naive(recent, &text, 5), "{text:?} in {recent:?}");
             }
         }
+    }
+
+    #[test]
+    fn writers_sharing_a_file_keep_each_others_outputs() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("h.hist");
+        // Two processes open the (missing) file, then each records an output.
+        let mut a = History::open(&path, 7, 100, 1000, 4).unwrap();
+        let mut b = History::open(&path, 7, 100, 1000, 4).unwrap();
+        a.record(&[1, 2, 3]).unwrap();
+        b.record(&[4, 5, 6]).unwrap();
+        a.record(&[7, 8]).unwrap();
+        let all = [1, 2, 3, SEP, 4, 5, 6, SEP, 7, 8, SEP];
+        assert_eq!(History::open(&path, 7, 100, 1000, 4).unwrap().tokens, all);
+        // Each also drafts from what the other wrote before its last record.
+        assert_eq!(a.copy(a.best_continuation(&[4, 5]).unwrap().at, 5), [6]);
+        assert_eq!(b.copy(b.best_continuation(&[1, 2]).unwrap().at, 5), [3]);
     }
 
     #[test]

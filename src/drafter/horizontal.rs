@@ -86,9 +86,11 @@ impl Drafter for HorizontalCascade {
     }
 
     fn finish(&mut self, output: &[u32]) -> Result<()> {
+        // Every part records the output, even after one fails; the first failure is reported.
         self.parts
             .iter_mut()
-            .try_for_each(|p| p.drafter.finish(output))
+            .map(|p| p.drafter.finish(output))
+            .fold(Ok(()), Result::and)
     }
 
     fn stats(&self) -> NodeStats {

@@ -119,6 +119,9 @@ pub fn run(mut engine: Engine, jobs: Receiver<Job>, metrics: Arc<Metrics>, abort
                     });
                 }
             });
+            for w in out.iter().flat_map(|g| &g.warnings) {
+                eprintln!("cascade: warning: {w}");
+            }
             match out {
                 Ok(g) if g.finish_reason == FinishReason::Cancelled => {
                     metrics.generated(&g);
