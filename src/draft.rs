@@ -134,6 +134,14 @@ impl<'a> Request<'a> {
         self.used < self.cap && self.gate.worth_drafting(&self.source, cost)
     }
 
+    /// Whether to spend `cost` seconds reading the text before a first draft (a draft model
+    /// prefilling the prompt): a one-time cost that only later rounds repay, so it is weighed
+    /// against the rest of the generation rather than this round. If not, the drafter proposes
+    /// nothing this round.
+    pub fn worth_catching_up(&mut self, cost: f64) -> bool {
+        self.gate.worth_catching_up(&self.source, cost)
+    }
+
     /// Tokens admitted through this request so far.
     pub fn admitted(&self) -> usize {
         self.used

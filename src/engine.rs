@@ -299,6 +299,8 @@ impl Engine {
                 .min(opts.max_new_tokens - generated.len() - 1)
                 .min(max_len - context.len());
             let drafter = self.drafter.as_deref_mut();
+            self.target
+                .set_horizon(opts.max_new_tokens - generated.len());
             let round_start = Instant::now();
             let round = self
                 .target

@@ -19,6 +19,13 @@
 //! a round drafts only what beats both decoding and what drafting has been doing lately.
 //! Every input is known before the position's token is sampled and none comes from the
 //! reviewer's view of the current draft, so the review stays exact.
+//!
+//! A drafter that has not read the text yet (a draft model, before its first draft of a
+//! sequence) must first catch up on all of it: a one-time cost that no single round repays.
+//! It is an investment, made only if it costs at most [`INVEST_SHARE`] of the time the rest
+//! of the generation is expected to take ([`Gate::worth_catching_up`]): a long prompt with a
+//! short answer is then drafted by the free drafters alone, where reading the prompt would
+//! cost more than the draft model could save.
 
 use crate::costs::ForwardCost;
 use crate::engine::SourceBuckets;
@@ -86,6 +93,9 @@ const FIRST_WEIGHT: f64 = 0.2;
 const MAX_BACKOFF: u32 = 64;
 /// Weight of a round in the recent rate `λ`.
 const RATE_WEIGHT: f64 = 0.1;
+/// The largest share of the generation's expected remaining time a drafter may spend
+/// catching up on the text before its first draft: about what a good draft model saves.
+pub const INVEST_SHARE: f64 = 0.1;
 
 /// How one drafter's proposals fare at one review level.
 #[derive(Clone, Debug)]
@@ -169,6 +179,8 @@ pub struct Adaptive {
     rate: f64,
     /// Plain decoding's recent rate (one token per predicted decode step).
     decoding: f64,
+    /// Tokens the generation may still emit, if known ([`Adaptive::set_horizon`]).
+    horizon: Option<usize>,
 }
 
 impl Adaptive {
@@ -180,7 +192,15 @@ impl Adaptive {
             drafters: Vec::new(),
             rate: decoding,
             decoding,
+            horizon: None,
         }
+    }
+
+    /// The generation may emit at most `tokens` more: a drafter's catch-up on the text must
+    /// cost at most [`INVEST_SHARE`] of the time they are expected to take. Without a
+    /// horizon every catch-up is made.
+    pub fn set_horizon(&mut self, tokens: usize) {
+        self.horizon = Some(tokens);
     }
 
     /// The rate a drafted position must beat: the recent rate, at least plain decoding's.
@@ -270,7 +290,8 @@ impl Adaptive {
             }
         }
         if let Some(p) = gate.prediction() {
-            let rate = (accepted + 1) as f64 / p.seconds;
+            // A catch-up pays over the rounds after it, not in this one.
+            let rate = (accepted + 1) as f64 / (p.seconds - p.invested);
             self.rate = (1.0 - RATE_WEIGHT) * self.rate + RATE_WEIGHT * rate;
             self.decoding = (1.0 - RATE_WEIGHT) * self.decoding + RATE_WEIGHT / p.decode_seconds;
         }
@@ -282,8 +303,10 @@ impl Adaptive {
 pub struct Prediction {
     /// Expected tokens emitted.
     pub tokens: f64,
-    /// Expected seconds: drafting and the reviewer's forward.
+    /// Expected seconds: drafting (catch-ups included) and the reviewer's forward.
     pub seconds: f64,
+    /// Of those, seconds a drafter spent catching up on the text before its first draft.
+    pub invested: f64,
     /// Seconds of a plain decode step at the round's context.
     pub decode_seconds: f64,
 }
@@ -303,6 +326,8 @@ struct Policy {
     all_kept: f64,
     expected: f64,
     drafting: f64,
+    /// Seconds of catch-ups made this round ([`Gate::worth_catching_up`]).
+    invested: f64,
     /// The last admitted position's source and acceptance estimate.
     last: Option<(Source, f64)>,
     /// Drafters declined before their first position this round, and drafters tried again
@@ -352,6 +377,7 @@ impl Gate {
                 all_kept: 1.0,
                 expected: 1.0,
                 drafting: 0.0,
+                invested: 0.0,
                 last: None,
                 declined: Vec::new(),
                 retried: Vec::new(),
@@ -438,6 +464,32 @@ impl Gate {
         }
     }
 
+    /// Whether `source` should spend `cost` seconds catching up on the text before its
+    /// first draft (a one-time cost the rounds after it repay); if so the cost counts as
+    /// spent. A fixed gate always says yes; an adaptive one if the cost is at most
+    /// [`INVEST_SHARE`] of the horizon's tokens at the recent rate `λ`.
+    pub(crate) fn worth_catching_up(&mut self, source: &Source, cost: f64) -> bool {
+        let Some(p) = &mut self.policy else {
+            return true;
+        };
+        let budget = p.adaptive.horizon.map_or(f64::INFINITY, |h| {
+            INVEST_SHARE * h as f64 / p.adaptive.lambda()
+        });
+        let worth = cost <= budget;
+        if crate::engine::trace() {
+            eprintln!(
+                "  {source} catching up: {:.1} ms against a budget of {:.1} ms: {}",
+                cost * 1e3,
+                budget * 1e3,
+                if worth { "made" } else { "not made" }
+            );
+        }
+        if worth {
+            p.invested += cost;
+        }
+        worth
+    }
+
     /// The admitted positions, in draft order.
     pub fn positions(&self) -> &[Position] {
         &self.positions
@@ -449,7 +501,8 @@ impl Gate {
     pub fn prediction(&self) -> Option<Prediction> {
         self.policy.as_ref().map(|p| Prediction {
             tokens: p.expected,
-            seconds: p.drafting + p.verify(self.positions.len()),
+            seconds: p.invested + p.drafting + p.verify(self.positions.len()),
+            invested: p.invested,
             decode_seconds: p.adaptive.verify.seconds_at(1, p.context),
         })
     }
@@ -487,6 +540,28 @@ mod tests {
         assert_eq!(admitted(&a, &[0.99; 8]), 8);
         assert_eq!(admitted(&a, &[0.05; 8]), 0);
         assert!(admitted(&a, &[0.75; 8]) < 8);
+    }
+
+    #[test]
+    fn a_catch_up_is_made_only_within_its_share_of_the_remaining_time() {
+        let s: Source = "d".into();
+        let mut a = Adaptive::new(verify());
+        // No horizon, or a fixed gate: every catch-up is made.
+        assert!(Gate::adaptive(a.clone()).worth_catching_up(&s, 100.0));
+        assert!(Gate::fixed().worth_catching_up(&s, 100.0));
+        // 100 tokens at plain decoding's 20 tokens/s take 5 s: a catch-up may cost 0.5 s.
+        a.set_horizon(100);
+        let budget = INVEST_SHARE * 100.0 * 0.05;
+        assert!(!Gate::adaptive(a.clone()).worth_catching_up(&s, budget * 1.01));
+        let mut gate = Gate::adaptive(a.clone());
+        assert!(gate.worth_catching_up(&s, budget * 0.99));
+        // It counts in the round's predicted time, not in the rate the round achieved.
+        let p = gate.prediction().unwrap();
+        assert_eq!(p.invested, budget * 0.99);
+        assert_eq!(p.seconds, p.invested + 0.05);
+        let rate = a.rate;
+        a.learn(&gate, 0);
+        assert!((a.rate - rate).abs() < 1e-9, "{} vs {rate}", a.rate);
     }
 
     #[test]

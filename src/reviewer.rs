@@ -113,6 +113,14 @@ impl Reviewer {
         self.model.prepare(prompt)
     }
 
+    /// The generation may emit at most `tokens` more (with adaptive drafting, this bounds
+    /// what drafters may spend catching up on the text: [`Adaptive::set_horizon`]).
+    pub fn set_horizon(&mut self, tokens: usize) {
+        if let Some(a) = &mut self.adaptive {
+            a.set_horizon(tokens);
+        }
+    }
+
     /// The committed sequence is now `context`.
     pub fn commit(&mut self, context: &[u32]) {
         self.model.commit(context);

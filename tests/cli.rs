@@ -444,6 +444,7 @@ fn a_small_bench_run_writes_a_complete_report() {
         "levels",
         "model_calls",
         "matches_autoregressive",
+        "end_to_end",
     ] {
         assert!(runs.iter().all(|r| !r[key].is_null()), "a run lacks {key}");
     }
@@ -474,6 +475,7 @@ fn a_small_bench_run_writes_a_complete_report() {
         "decode_tokens_per_second",
         "speedup_mean",
         "speedup_sd",
+        "end_to_end_mean",
         "tokens_per_call",
         "mean_draft_len",
         "acceptance_by_position",

@@ -118,15 +118,16 @@ pub fn utc_now() -> String {
 /// category.
 pub fn markdown(summary: &[Summary]) -> String {
     let mut out = String::from(
-        "| config | tokens/s | speedup (± sd) | tokens/call | SWI (params) | SWI (measured c) | predicted (paper) | predicted (CPU) | predicted (run-time cost model) | greedy mismatches |\n|---|---|---|---|---|---|---|---|---|---|\n",
+        "| config | tokens/s | speedup (± sd) | end to end | tokens/call | SWI (params) | SWI (measured c) | predicted (paper) | predicted (CPU) | predicted (run-time cost model) | greedy mismatches |\n|---|---|---|---|---|---|---|---|---|---|---|\n",
     );
     for s in summary.iter().filter(|s| s.category == "all") {
         out += &format!(
-            "| {} | {:.1} | {:.2} ± {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {} | {} |\n",
+            "| {} | {:.1} | {:.2} ± {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {} | {} |\n",
             s.config,
             s.decode_tokens_per_second,
             s.speedup_mean,
             s.speedup_sd,
+            s.end_to_end_mean,
             s.tokens_per_call,
             s.swi_params,
             s.swi_measured,

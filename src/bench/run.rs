@@ -60,6 +60,10 @@ pub struct RunRecord {
     pub decode_tokens_per_second: f64,
     /// Autoregressive decode time / this run's, same prompt and repeat.
     pub speedup: f64,
+    /// The same end to end: prefill and decode, per generated token. Lower than `speedup`
+    /// where a drafter's own prefill costs what its drafts save.
+    #[serde(default)]
+    pub end_to_end: f64,
     /// Target forward passes after the prompt.
     pub target_calls: usize,
     /// Tokens drafted for the target's review.
@@ -103,14 +107,32 @@ pub struct LevelRecord {
 /// Decode speed of `run` relative to `base` (tokens per second, so that runs of different
 /// lengths compare); 0 when either generated nothing.
 pub fn speedup(base: &Stats, run: &Stats) -> f64 {
-    let (b, r) = (
+    ratio(
         base.decode_tokens_per_second(),
         run.decode_tokens_per_second(),
-    );
-    if b > 0.0 && r > 0.0 {
-        r / b
+    )
+}
+
+/// [`speedup`] end to end: tokens per second of prefill and decode together.
+pub fn end_to_end(base: &Stats, run: &Stats) -> f64 {
+    let rate = |s: &Stats| s.generated_tokens as f64 / (s.prefill_seconds + s.decode_seconds);
+    ratio(rate(base), rate(run))
+}
+
+/// `run / base`, or 0 unless both are positive.
+fn ratio(base: f64, run: f64) -> f64 {
+    if base > 0.0 && run > 0.0 {
+        run / base
     } else {
         0.0
+    }
+}
+
+impl RunRecord {
+    /// Sets the speedups of this run (`run`'s stats) over `base`, same prompt and repeat.
+    fn compare_with(&mut self, base: &Stats, run: &Stats) {
+        self.speedup = speedup(base, run);
+        self.end_to_end = end_to_end(base, run);
     }
 }
 
@@ -155,6 +177,7 @@ pub fn record(
         decode_seconds: s.decode_seconds,
         decode_tokens_per_second: s.decode_tokens_per_second(),
         speedup: 1.0,
+        end_to_end: 1.0,
         target_calls: s.target_calls,
         drafted: s.drafted,
         accepted: s.accepted,
@@ -257,7 +280,7 @@ pub fn run(
             for (j, out) in outputs.into_iter().enumerate().skip(1) {
                 let out = out.unwrap();
                 let mut r = record(&engines[j].0, p, i, repeat, &out);
-                r.speedup = speedup(&base.stats, &out.stats);
+                r.compare_with(&base.stats, &out.stats);
                 if exact_greedy(&engines[0].2) && exact_greedy(&engines[j].2) {
                     r.matches_autoregressive = Some(out.tokens == base.tokens);
                 }
@@ -311,7 +334,7 @@ pub fn compare(
             let ar = engine.generate(prompt, &opts, &mut |_| {})?;
             let same = ar.tokens == spec.tokens;
             let mut r = record(label, &suite_prompt, 0, i, spec);
-            r.speedup = speedup(&ar.stats, &spec.stats);
+            r.compare_with(&ar.stats, &spec.stats);
             r.matches_autoregressive = exact_greedy(&plan.options).then_some(same);
             records.push(r);
             records.push(record("autoregressive", &suite_prompt, 0, i, &ar));

@@ -25,6 +25,9 @@ pub struct Summary {
     pub speedup_mean: f64,
     /// Standard deviation of the per-prompt speedups.
     pub speedup_sd: f64,
+    /// Mean end-to-end speedup (prefill and decode) over autoregressive decoding.
+    #[serde(default)]
+    pub end_to_end_mean: f64,
     /// Mean tokens per target call, bonus included (1 for autoregressive).
     pub tokens_per_call: f64,
     /// Mean draft length per target call.
@@ -86,6 +89,7 @@ pub fn summarize(
             let calls: usize = rs.iter().map(|r| r.target_calls).sum();
             let seconds: f64 = rs.iter().map(|r| r.decode_seconds).sum();
             let (speedup_mean, speedup_sd) = mean(rs.iter().map(|r| r.speedup));
+            let (end_to_end_mean, _) = mean(rs.iter().map(|r| r.end_to_end));
             let mut target = ReviewCounts::default();
             let mut levels: BTreeMap<String, ReviewCounts> = BTreeMap::new();
             for r in &rs {
@@ -129,6 +133,7 @@ pub fn summarize(
                 decode_tokens_per_second: tokens as f64 / seconds.max(1e-9),
                 speedup_mean,
                 speedup_sd,
+                end_to_end_mean,
                 tokens_per_call: tokens as f64 / calls.max(1) as f64,
                 mean_draft_len,
                 acceptance_by_position: target.acceptance_by_position(),

@@ -19,6 +19,9 @@ pub struct NeuralDrafter {
     /// A trimmed vocabulary: the tokens always scored (a corpus's most frequent ones and the
     /// end-of-sequence tokens); each prompt's own tokens join them.
     vocabulary: Option<Arc<[u32]>>,
+    /// Whether its model has read the sequence's prompt. It does so before its first draft,
+    /// not when the sequence starts, and only if the gate finds it worth the time.
+    read_prompt: bool,
 }
 
 impl NeuralDrafter {
@@ -29,6 +32,7 @@ impl NeuralDrafter {
             model: SyncedModel::new(model),
             cost: None,
             vocabulary: None,
+            read_prompt: false,
         }
     }
 
@@ -64,6 +68,19 @@ impl Drafter for NeuralDrafter {
 
     fn draft(&mut self, context: &[u32], request: &mut Request) -> Result<Draft> {
         let mut draft = Draft::new();
+        if !self.read_prompt {
+            // Reading the prompt is a one-time investment, weighed against the whole rest of
+            // the generation (a long prompt with a short answer may not repay it).
+            let seconds = self.cost.as_ref().map_or(0.0, |c| {
+                let behind = self.model.behind(context);
+                c.seconds_at(behind, behind / 2)
+            });
+            if !request.worth_catching_up(seconds) {
+                return Ok(draft);
+            }
+            self.model.prepare(context)?;
+            self.read_prompt = true;
+        }
         // Room left in this model's context.
         let room = self.model.model().max_len().saturating_sub(context.len());
         let mut seq = context.to_vec();
@@ -103,7 +120,9 @@ impl Drafter for NeuralDrafter {
             tokens.dedup();
             self.model.model_mut().restrict_vocabulary(Some(&tokens))?;
         }
-        self.model.prepare(prompt)
+        // The prompt is read before the first draft, if at all.
+        self.read_prompt = false;
+        Ok(())
     }
 
     fn commit(&mut self, context: &[u32]) {
