@@ -105,12 +105,30 @@ impl Reviewer {
     /// A new sequence begins with `prompt`: the cache is rebuilt with it (prefill) and the
     /// counters start over.
     pub fn start(&mut self, prompt: &[u32]) -> Result<()> {
+        self.reset();
+        self.read(prompt)
+    }
+
+    /// A new sequence begins: the cache is emptied and the counters start over ([`read`]
+    /// the prompt later, or let the first round catch up on it).
+    ///
+    /// [`read`]: Reviewer::read
+    pub fn reset(&mut self) {
         self.model.reset();
         self.counts = ReviewCounts::default();
         if let Some(a) = &mut self.adaptive {
             a.reset_counts();
         }
-        self.model.prepare(prompt)
+    }
+
+    /// Brings the cache to `context` minus its last token (a prefill of what it lacks).
+    pub fn read(&mut self, context: &[u32]) -> Result<()> {
+        self.model.prepare(context)
+    }
+
+    /// Tokens of `context` besides its last that the next round must catch up on.
+    pub fn behind(&self, context: &[u32]) -> usize {
+        self.model.behind(context)
     }
 
     /// The generation may emit at most `tokens` more (with adaptive drafting, this bounds

@@ -1,10 +1,11 @@
-//! Adaptive drafting's one-time decisions: a draft model reads the prompt only when the rest
-//! of the generation can repay it.
+//! Adaptive drafting's one-time decisions: a draft model (alone, or reviewing another drafter
+//! in a vertical cascade) reads the prompt only when the rest of the generation can repay it.
 
 mod common;
 
 use cascade::costs::ForwardCost;
-use cascade::drafter::NeuralDrafter;
+use cascade::draft::Drafter;
+use cascade::drafter::{NeuralDrafter, VerticalCascade};
 use cascade::engine::{Engine, GenerateOptions};
 use common::{toy_tokenizer, ToyModel};
 
@@ -28,6 +29,10 @@ fn draft_cost() -> ForwardCost {
     }
 }
 
+fn neural() -> NeuralDrafter {
+    NeuralDrafter::new("d", Box::new(ToyModel::new(5, VOCAB, 6.0))).with_cost(&draft_cost())
+}
+
 /// Plain decoding takes 10 ms a token, so `max_new_tokens` of 10 leave a catch-up 10 ms (a
 /// tenth of 0.1 s): reading the 200-token prompt (0.2 s) is not worth it, and the draft model
 /// never runs. With 1,000 tokens to go (10 ms a token, 10 s) it is, and the model drafts.
@@ -35,10 +40,18 @@ fn draft_cost() -> ForwardCost {
 #[test]
 fn a_draft_model_reads_a_long_prompt_only_if_the_generation_can_repay_it() {
     let prompt: Vec<u32> = (0..200).map(|i| (i * 5 % VOCAB) as u32).collect();
-    let generate = |drafter: bool, max_new_tokens: usize| {
-        let neural = NeuralDrafter::new("d", Box::new(ToyModel::new(5, VOCAB, 6.0)))
-            .with_cost(&draft_cost());
-        let drafter = drafter.then(|| Box::new(neural) as Box<_>);
+    type Make = fn() -> Box<dyn Drafter>;
+    let drafters: [(&str, Make); 2] = [
+        ("a draft model", || Box::new(neural())),
+        ("a vertical cascade", || {
+            let reviewer = Box::new(ToyModel::new(5, VOCAB, 6.0));
+            Box::new(
+                VerticalCascade::new("v", reviewer, Box::new(neural()), 2, 1.0)
+                    .with_cost(draft_cost()),
+            )
+        }),
+    ];
+    let generate = |drafter: Option<Box<dyn Drafter>>, max_new_tokens: usize| {
         let mut e = Engine::new(
             Box::new(ToyModel::new(5, VOCAB, 6.0)),
             drafter,
@@ -52,16 +65,15 @@ fn a_draft_model_reads_a_long_prompt_only_if_the_generation_can_repay_it() {
         };
         e.generate(&prompt, &opts, &mut |_| {}).unwrap()
     };
-    for (max_new_tokens, reads) in [(10, false), (1000, true)] {
-        let plain = generate(false, max_new_tokens);
-        let g = generate(true, max_new_tokens);
-        assert_eq!(g.tokens, plain.tokens, "{max_new_tokens} tokens");
-        let calls = g.drafter.as_ref().unwrap().forward_calls;
-        assert_eq!(
-            calls > 0,
-            reads,
-            "{max_new_tokens} tokens: {calls} draft calls"
-        );
-        assert_eq!(g.stats.drafted > 0, reads, "{max_new_tokens} tokens");
+    for (name, drafter) in drafters {
+        for (max_new_tokens, reads) in [(10, false), (1000, true)] {
+            let what = format!("{name}, {max_new_tokens} tokens");
+            let plain = generate(None, max_new_tokens);
+            let g = generate(Some(drafter()), max_new_tokens);
+            assert_eq!(g.tokens, plain.tokens, "{what}");
+            let calls = g.drafter.as_ref().unwrap().forward_calls;
+            assert_eq!(calls > 0, reads, "{what}: {calls} forward calls");
+            assert_eq!(g.stats.drafted > 0, reads, "{what}");
+        }
     }
 }

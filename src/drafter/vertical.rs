@@ -31,6 +31,9 @@ pub struct VerticalCascade {
     /// the gate above; computed from measured costs, not a live clock, so that a seed
     /// reproduces its output.
     seconds_per_token: f64,
+    /// Whether the reviewer has read the sequence's prompt (before the first draft, if the
+    /// gate above finds it worth the time, as a neural drafter does).
+    read_prompt: bool,
 }
 
 impl VerticalCascade {
@@ -50,6 +53,7 @@ impl VerticalCascade {
             report_reviewer: false,
             cost: None,
             seconds_per_token: 0.0,
+            read_prompt: false,
         }
     }
 
@@ -87,8 +91,19 @@ impl Drafter for VerticalCascade {
     }
 
     fn draft(&mut self, context: &[u32], request: &mut Request) -> Result<Draft> {
-        let mut seq = context.to_vec();
         let mut out = Draft::new();
+        if !self.read_prompt {
+            let seconds = self.cost.as_ref().map_or(0.0, |c| {
+                let behind = self.reviewer.behind(context);
+                c.seconds_at(behind, behind / 2)
+            });
+            if !request.worth_catching_up(seconds) {
+                return Ok(out);
+            }
+            self.reviewer.read(context)?;
+            self.read_prompt = true;
+        }
+        let mut seq = context.to_vec();
         let max_len = self.reviewer.model().max_len();
         'rounds: while request.remaining() > 0 && seq.len() < max_len {
             if !request.worth_drafting(self.seconds_per_token) {
@@ -107,10 +122,10 @@ impl Drafter for VerticalCascade {
                 request.rng(),
                 true,
             )?;
-            // What the round cost: as predicted when adaptive (drafting included), else the
-            // reviewer's forward.
+            // What the round cost: as predicted when adaptive (drafting included, but not an
+            // inner drafter's one-time reading of the prompt), else the reviewer's forward.
             let seconds = match (round.predicted, &self.cost) {
-                (Some(p), _) => p.seconds,
+                (Some(p), _) => p.seconds - p.invested,
                 (None, Some(c)) => c.seconds(round.drafted + 1),
                 (None, None) => 0.0,
             } / round.tokens.len() as f64;
@@ -148,7 +163,9 @@ impl Drafter for VerticalCascade {
     }
 
     fn start(&mut self, prompt: &[u32]) -> Result<()> {
-        self.reviewer.start(prompt)?;
+        // The prompt is read before the first draft, if at all.
+        self.reviewer.reset();
+        self.read_prompt = false;
         self.inner.start(prompt)
     }
 
