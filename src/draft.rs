@@ -2,6 +2,7 @@
 //! and the [`Drafter`] trait that neural models, tables, Max-Gram, cascades and plug-ins all
 //! implement, so that any tree of them composes over a target.
 
+use crate::costs::ForwardCost;
 use crate::engine::SourceBuckets;
 use crate::error::{Error, Result};
 use crate::gate::{Gate, Source};
@@ -140,6 +141,13 @@ impl<'a> Request<'a> {
     /// nothing this round.
     pub fn worth_catching_up(&mut self, cost: f64) -> bool {
         self.gate.worth_catching_up(&self.source, cost)
+    }
+
+    /// [`Request::worth_catching_up`] for a model of measured `cost` (free if unknown) reading
+    /// `tokens` of text from the start (a prefill: on average each token attends to half).
+    pub fn worth_reading(&mut self, tokens: usize, cost: Option<&ForwardCost>) -> bool {
+        let seconds = cost.map_or(0.0, |c| c.seconds_at(tokens, tokens / 2));
+        self.worth_catching_up(seconds)
     }
 
     /// Tokens admitted through this request so far.

@@ -60,8 +60,10 @@ pub struct RunRecord {
     pub decode_tokens_per_second: f64,
     /// Autoregressive decode time / this run's, same prompt and repeat.
     pub speedup: f64,
-    /// The same end to end: prefill and decode, per generated token. Lower than `speedup`
-    /// where a drafter's own prefill costs what its drafts save.
+    /// The same end to end: the seconds autoregressive decoding takes to read the prompt and
+    /// generate as many tokens as this run (at its measured decode rate), over this run's
+    /// prefill and decode seconds. Lower than `speedup` where reading the prompt is a larger
+    /// share of the time, or costs a drafter what its drafts save.
     #[serde(default)]
     pub end_to_end: f64,
     /// Target forward passes after the prompt.
@@ -113,10 +115,16 @@ pub fn speedup(base: &Stats, run: &Stats) -> f64 {
     )
 }
 
-/// [`speedup`] end to end: tokens per second of prefill and decode together.
+/// [`speedup`] end to end: `base`'s prefill and decode time for as many tokens as `run`
+/// generated (sampled runs differ in length, and the prefill weighs more in a shorter one)
+/// over `run`'s.
 pub fn end_to_end(base: &Stats, run: &Stats) -> f64 {
-    let rate = |s: &Stats| s.generated_tokens as f64 / (s.prefill_seconds + s.decode_seconds);
-    ratio(rate(base), rate(run))
+    if base.generated_tokens == 0 || run.generated_tokens == 0 {
+        return 0.0;
+    }
+    let per_token = base.decode_seconds / base.generated_tokens as f64;
+    let base_seconds = base.prefill_seconds + per_token * run.generated_tokens as f64;
+    ratio(run.prefill_seconds + run.decode_seconds, base_seconds)
 }
 
 /// `run / base`, or 0 unless both are positive.
@@ -354,4 +362,36 @@ pub fn compare(
         models,
         summary,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn stats(tokens: usize, prefill: f64, decode: f64) -> Stats {
+        Stats {
+            generated_tokens: tokens,
+            prefill_seconds: prefill,
+            decode_seconds: decode,
+            ..Stats::default()
+        }
+    }
+
+    #[test]
+    fn end_to_end_counts_the_prefill_for_as_many_tokens_as_the_run() {
+        // Plain decoding: 6 s of prefill, 100 tokens in 5 s.
+        let base = stats(100, 6.0, 5.0);
+        // Twice the decode speed: 2x, but 11 s against 8.5 s end to end.
+        let run = stats(100, 6.0, 2.5);
+        assert_eq!(speedup(&base, &run), 2.0);
+        let close = |a: f64, b: f64| assert!((a - b).abs() < 1e-12, "{a} vs {b}");
+        close(end_to_end(&base, &run), 11.0 / 8.5);
+        // A sampled run half as long: plain decoding would take 6 + 2.5 s for it.
+        let short = stats(50, 6.0, 1.25);
+        close(end_to_end(&base, &short), 8.5 / 7.25);
+        // A drafter that reads the prompt for 3 s loses end to end what it wins decoding.
+        let reads = stats(100, 9.0, 2.5);
+        assert!(end_to_end(&base, &reads) < 1.0);
+        assert_eq!(end_to_end(&base, &stats(0, 1.0, 0.0)), 0.0);
+    }
 }

@@ -71,11 +71,7 @@ impl Drafter for NeuralDrafter {
         if !self.read_prompt {
             // Reading the prompt is a one-time investment, weighed against the whole rest of
             // the generation (a long prompt with a short answer may not repay it).
-            let seconds = self.cost.as_ref().map_or(0.0, |c| {
-                let behind = self.model.behind(context);
-                c.seconds_at(behind, behind / 2)
-            });
-            if !request.worth_catching_up(seconds) {
+            if !request.worth_reading(self.model.behind(context), self.cost.as_ref()) {
                 return Ok(draft);
             }
             self.model.prepare(context)?;

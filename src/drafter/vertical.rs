@@ -93,11 +93,7 @@ impl Drafter for VerticalCascade {
     fn draft(&mut self, context: &[u32], request: &mut Request) -> Result<Draft> {
         let mut out = Draft::new();
         if !self.read_prompt {
-            let seconds = self.cost.as_ref().map_or(0.0, |c| {
-                let behind = self.reviewer.behind(context);
-                c.seconds_at(behind, behind / 2)
-            });
-            if !request.worth_catching_up(seconds) {
+            if !request.worth_reading(self.reviewer.behind(context), self.cost.as_ref()) {
                 return Ok(out);
             }
             self.reviewer.read(context)?;
