@@ -251,11 +251,15 @@ pub trait Drafter: Send {
     /// 0, its argmax): the review is exact only then.
     fn draft(&mut self, context: &[u32], request: &mut Request) -> Result<Draft>;
 
-    /// A new sequence begins with `prompt`: forget the previous one and its counters. Neural
-    /// drafters process the prompt here (so it counts as prefill).
+    /// A new sequence begins with `prompt`: its counters start over. A draft model may keep
+    /// the part of its cache the new prompt repeats from the previous sequence.
     fn start(&mut self, _prompt: &[u32]) -> Result<()> {
         Ok(())
     }
+
+    /// Drops what a draft model cached of earlier sequences, so that the next one is read
+    /// from its first token (benches measure each generation on its own).
+    fn forget(&mut self) {}
 
     /// The committed sequence is now `context`: it extends the previous committed sequence
     /// (with a prefix of the last draft and the reviewer's token). It will not change again.

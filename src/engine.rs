@@ -95,6 +95,9 @@ pub struct Stats {
     /// The target's reviews by draft position (one per round).
     #[serde(flatten)]
     pub reviews: ReviewCounts,
+    /// Prompt tokens the target did not feed again: the start the prompt shares with the
+    /// previous generation, still in its cache ([`Engine::forget`] empties it).
+    pub cached_tokens: usize,
     /// Prompt processing time.
     pub prefill_seconds: f64,
     /// Generation time after the prompt.
@@ -234,7 +237,18 @@ impl Engine {
         self.target.adaptive()
     }
 
+    /// Empties the target's and the drafters' caches: the next generation reads its prompt
+    /// from the first token instead of reusing what it shares with the previous one.
+    pub fn forget(&mut self) {
+        self.target.forget();
+        if let Some(d) = self.drafter.as_mut() {
+            d.forget();
+        }
+    }
+
     /// Generates a continuation of `prompt`, calling `on_text` with each piece of final text.
+    /// The caches keep the previous generation's text: the start of `prompt` that repeats it
+    /// is not processed again (the output is the same either way).
     pub fn generate(
         &mut self,
         prompt: &[u32],
@@ -275,7 +289,7 @@ impl Engine {
         }
         // The target's cache holds the committed sequence minus its last token, which is
         // fed at the head of each round.
-        self.target.start(prompt)?;
+        stats.cached_tokens = self.target.start(prompt)?;
         stats.prefill_seconds = start.elapsed().as_secs_f64();
 
         let start = Instant::now();

@@ -102,15 +102,19 @@ impl Reviewer {
         self.model.calls
     }
 
-    /// A new sequence begins with `prompt`: the cache is rebuilt with it (prefill) and the
-    /// counters start over.
-    pub fn start(&mut self, prompt: &[u32]) -> Result<()> {
+    /// A new sequence begins with `prompt`: the counters start over and the cache is brought
+    /// to the prompt (a prefill of what it does not already hold). Returns the prompt tokens
+    /// found in the cache.
+    pub fn start(&mut self, prompt: &[u32]) -> Result<usize> {
         self.reset();
-        self.read(prompt)
+        let cached = self.model.cached(prompt);
+        self.read(prompt)?;
+        Ok(cached)
     }
 
-    /// A new sequence begins: the cache is emptied and the counters start over ([`read`]
-    /// the prompt later, or let the first round catch up on it).
+    /// A new sequence begins: the counters start over ([`read`] the prompt later, or let the
+    /// first round catch up on it); the cache is kept as far as the new sequence agrees with
+    /// it ([`SyncedModel::reset`]).
     ///
     /// [`read`]: Reviewer::read
     pub fn reset(&mut self) {
@@ -119,6 +123,11 @@ impl Reviewer {
         if let Some(a) = &mut self.adaptive {
             a.reset_counts();
         }
+    }
+
+    /// Empties the cache: the next sequence is read from its first token.
+    pub fn forget(&mut self) {
+        self.model.forget();
     }
 
     /// Brings the cache to `context` minus its last token (a prefill of what it lacks).

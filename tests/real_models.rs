@@ -250,6 +250,43 @@ fn the_target_as_its_own_draft_is_always_accepted() {
 }
 
 #[test]
+fn a_prompt_repeating_the_last_sequence_reuses_the_cache_and_decodes_the_same() {
+    let _s = serial();
+    let opts = GenerateOptions {
+        max_new_tokens: 24,
+        k: 4,
+        ..Default::default()
+    };
+    // A conversation's second turn repeats the first turn's prompt and answer.
+    let first = PROMPTS[1];
+    let mut warm = engine(draft_model(DRAFT));
+    let answer = run(&mut warm, first, &opts);
+    assert_eq!(answer.stats.cached_tokens, 0);
+    let second = format!("{first}\n{}\nNow make it iterative.\n", answer.text);
+    let expected = run(&mut engine(draft_model(DRAFT)), &second, &opts);
+    let got = run(&mut warm, &second, &opts);
+    assert_eq!(got.tokens, expected.tokens);
+    let (p1, p2) = (encode(first), encode(&second));
+    let shared = p1.iter().zip(&p2).take_while(|(a, b)| a == b).count();
+    assert!(shared > 0);
+    assert!(
+        (shared..p2.len()).contains(&got.stats.cached_tokens),
+        "{} cached of {} prompt tokens, {shared} shared with the first prompt",
+        got.stats.cached_tokens,
+        p2.len()
+    );
+    // The same prompt again: all but its last token are cached.
+    let again = run(&mut warm, &second, &opts);
+    assert_eq!(again.stats.cached_tokens, p2.len() - 1);
+    assert_eq!(again.tokens, expected.tokens);
+    // Forgotten: read whole again, same output.
+    warm.forget();
+    let cold = run(&mut warm, &second, &opts);
+    assert_eq!(cold.stats.cached_tokens, 0);
+    assert_eq!(cold.tokens, expected.tokens);
+}
+
+#[test]
 fn sampling_is_reproducible_from_the_seed() {
     let _s = serial();
     let mut e = engine(draft_model(DRAFT));

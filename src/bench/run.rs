@@ -262,6 +262,7 @@ pub fn run(
             if stop.load(Ordering::Relaxed) {
                 return Ok((Vec::new(), true));
             }
+            e.forget();
             e.generate(tokens, o, &mut |_| {})?;
             done += 1;
             progress(done, total, &format!("warm-up {label}, prompt {i}"));
@@ -277,6 +278,8 @@ pub fn run(
                     return Ok((records, true));
                 }
                 let (label, e, o) = &mut engines[slot];
+                // Every run reads its prompt whole, as the first request would.
+                e.forget();
                 outputs[slot] = Some(e.generate(tokens, o, &mut |_| {})?);
                 done += 1;
                 progress(done, total, &format!("{label}, {} prompt {i}", p.category));
@@ -339,6 +342,7 @@ pub fn compare(
                 seed: *seed,
                 ..plan.options.clone()
             };
+            engine.forget();
             let ar = engine.generate(prompt, &opts, &mut |_| {})?;
             let same = ar.tokens == spec.tokens;
             let mut r = record(label, &suite_prompt, 0, i, spec);

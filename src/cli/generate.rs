@@ -130,6 +130,10 @@ pub fn generate(args: GenerateArgs) -> Result<()> {
         let mut opts = plan.options.clone();
         opts.seed += i;
         opts.ignore_eos = args.ignore_eos;
+        if args.compare {
+            // Compared with decoding that reads the prompt whole: so does every sample.
+            engine.forget();
+        }
         let mut stdout = std::io::stdout().lock();
         let out = engine.generate(&prompt, &opts, &mut |piece| {
             if !args.json {
@@ -179,8 +183,12 @@ fn summary_line(out: &Generation) -> String {
         Some(_) => format!(" (cost model: {:.2})", st.predicted_tokens_per_second()),
         None => String::new(),
     };
+    let cached = match st.cached_tokens {
+        0 => String::new(),
+        n => format!(" ({n} of {} prompt tokens cached)", st.prompt_tokens),
+    };
     format!(
-        "{} tokens ({:?}), {:.2} tokens/s{predicted}, {:.2} tokens per target call, {}/{} drafted accepted, prefill {:.2}s",
+        "{} tokens ({:?}), {:.2} tokens/s{predicted}, {:.2} tokens per target call, {}/{} drafted accepted, prefill {:.2}s{cached}",
         st.generated_tokens,
         out.finish_reason,
         st.decode_tokens_per_second(),

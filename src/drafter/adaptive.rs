@@ -77,6 +77,10 @@ impl Drafter for AdaptiveCascade {
             .fold(Ok(()), Result::and)
     }
 
+    fn forget(&mut self) {
+        self.parts.iter_mut().for_each(|(d, _)| d.forget());
+    }
+
     fn stats(&self) -> NodeStats {
         NodeStats {
             children: self.parts.iter().map(|(d, _)| d.stats()).collect(),

@@ -93,6 +93,10 @@ impl Drafter for HorizontalCascade {
             .fold(Ok(()), Result::and)
     }
 
+    fn forget(&mut self) {
+        self.parts.iter_mut().for_each(|p| p.drafter.forget());
+    }
+
     fn stats(&self) -> NodeStats {
         NodeStats {
             children: self.parts.iter().map(|p| p.drafter.stats()).collect(),

@@ -125,6 +125,10 @@ impl Drafter for NeuralDrafter {
         self.model.commit(context);
     }
 
+    fn forget(&mut self) {
+        self.model.forget();
+    }
+
     fn stats(&self) -> NodeStats {
         NodeStats {
             model: Some(self.model.model().name().to_string()),

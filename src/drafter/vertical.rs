@@ -169,6 +169,11 @@ impl Drafter for VerticalCascade {
         self.inner.finish(output)
     }
 
+    fn forget(&mut self) {
+        self.reviewer.forget();
+        self.inner.forget();
+    }
+
     fn stats(&self) -> NodeStats {
         NodeStats {
             model: Some(self.reviewer.model().name().to_string()),

@@ -43,19 +43,37 @@ impl SyncedModel {
         self.model.as_mut()
     }
 
-    /// Forgets the cache and the counters: a new sequence starts.
+    /// A new sequence starts: the counters start over, and the cache is kept as far as the
+    /// new sequence agrees with it (the next [`prepare`] or [`score`] finds where). A prompt
+    /// that repeats the start of the previous sequence (a chat's earlier turns, a shared
+    /// system prompt, another sample of the same prompt) is not fed again: rows are computed
+    /// independently, so the cached positions are bit for bit what feeding them again gives.
+    ///
+    /// [`prepare`]: SyncedModel::prepare
+    /// [`score`]: SyncedModel::score
     pub fn reset(&mut self) {
-        self.model.truncate(0);
-        self.fed.clear();
         self.stable = 0;
         self.calls = 0;
+    }
+
+    /// Empties the cache: the next sequence is read from its first token (benches measure
+    /// each generation on its own).
+    pub fn forget(&mut self) {
+        self.model.truncate(0);
+        self.fed.clear();
+        self.reset();
+    }
+
+    /// Tokens of `context` besides its last that the cache already holds.
+    pub fn cached(&self, context: &[u32]) -> usize {
+        common_prefix(&self.fed, context, self.stable).min(context.len().saturating_sub(1))
     }
 
     /// Brings the cache to `context` minus its last token, feeding what is missing
     /// without computing logits (the prompt, or text another drafter produced).
     pub fn prepare(&mut self, context: &[u32]) -> Result<()> {
         let want = context.len().saturating_sub(1);
-        let keep = common_prefix(&self.fed, context, self.stable).min(want);
+        let keep = self.cached(context);
         self.model.truncate(keep);
         self.fed.truncate(keep);
         if keep < want {
@@ -95,16 +113,13 @@ impl SyncedModel {
 
     /// Tokens of `context` besides its last that the next scoring pass must catch up on.
     pub fn behind(&self, context: &[u32]) -> usize {
-        let keep = common_prefix(&self.fed, context, self.stable);
-        context.len().saturating_sub(1).saturating_sub(keep)
+        context.len().saturating_sub(1) - self.cached(context)
     }
 
     /// The seconds [`SyncedModel::score`] will take to score a draft of `draft` tokens after
     /// `context`, with this model's measured `cost`: the tokens it must catch up on count too.
     pub fn score_seconds(&self, context: &[u32], draft: usize, cost: &ForwardCost) -> f64 {
-        let keep =
-            common_prefix(&self.fed, context, self.stable).min(context.len().saturating_sub(1));
-        let behind = context.len() - keep;
+        let behind = context.len() - self.cached(context);
         let at = context.len();
         if behind <= CATCH_UP_IN_PASS {
             cost.seconds_at(behind + draft, at)
@@ -193,6 +208,35 @@ mod tests {
         m.score(&[1, 2, 3, 4, 6, 9], &[]).unwrap();
         assert_eq!(m.fed, [1, 2, 3, 4, 6, 9]);
         assert!(m.score(&[], &[1]).is_err());
+    }
+
+    #[test]
+    fn a_new_sequence_reuses_what_it_shares_with_the_cache() {
+        let (mut m, passes) = echo();
+        m.prepare(&[1, 2, 3, 4, 5, 6]).unwrap();
+        m.score(&[1, 2, 3, 4, 5, 6], &[7]).unwrap();
+        m.settle(7);
+        m.commit(&[1, 2, 3, 4, 5, 6, 7]);
+        // A new sequence sharing its first three tokens: only the rest is fed.
+        m.reset();
+        assert_eq!(
+            (m.cached(&[1, 2, 3, 9, 9]), m.behind(&[1, 2, 3, 9, 9])),
+            (3, 1)
+        );
+        let before = passes.load(Ordering::Relaxed);
+        m.prepare(&[1, 2, 3, 9, 9]).unwrap();
+        assert_eq!(m.fed, [1, 2, 3, 9]);
+        assert_eq!(m.model().len(), 4);
+        assert_eq!(passes.load(Ordering::Relaxed), before + 1);
+        // The same prompt again: nothing to feed.
+        m.reset();
+        m.prepare(&[1, 2, 3, 9, 9]).unwrap();
+        assert_eq!(passes.load(Ordering::Relaxed), before + 1);
+        // Forgotten: everything is fed again.
+        m.forget();
+        assert_eq!((m.cached(&[1, 2, 3, 9, 9]), m.model().len()), (0, 0));
+        m.prepare(&[1, 2, 3, 9, 9]).unwrap();
+        assert_eq!(m.fed, [1, 2, 3, 9]);
     }
 
     #[test]

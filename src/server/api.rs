@@ -303,12 +303,15 @@ pub fn finish_reason(f: FinishReason) -> &'static str {
     }
 }
 
-/// The `usage` object, with the speculative counters beside OpenAI's.
+/// The `usage` object, with the speculative counters beside OpenAI's. `cached_tokens` are
+/// the prompt tokens the first choice found in the cache (later choices find all of them).
 pub fn usage(prompt_tokens: usize, outs: &[Generation]) -> Value {
     let sum = |f: fn(&Generation) -> usize| outs.iter().map(f).sum::<usize>();
     let completion = sum(|g| g.stats.generated_tokens);
+    let cached = outs.first().map_or(0, |g| g.stats.cached_tokens);
     json!({
         "prompt_tokens": prompt_tokens,
+        "prompt_tokens_details": {"cached_tokens": cached},
         "completion_tokens": completion,
         "total_tokens": prompt_tokens + completion,
         "drafted_tokens": sum(|g| g.stats.drafted),

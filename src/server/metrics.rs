@@ -22,6 +22,7 @@ struct Totals {
     cancelled: usize,
     generated: usize,
     prompt_tokens: usize,
+    cached_tokens: usize,
     target_calls: usize,
     drafted: usize,
     accepted: usize,
@@ -55,6 +56,7 @@ impl Metrics {
             let s = &g.stats;
             t.generated += s.generated_tokens;
             t.prompt_tokens += s.prompt_tokens;
+            t.cached_tokens += s.cached_tokens;
             t.target_calls += s.target_calls;
             t.drafted += s.drafted;
             t.accepted += s.accepted;
@@ -119,8 +121,14 @@ impl Metrics {
             (
                 "prompt_tokens_total",
                 "counter",
-                "Prompt tokens processed.",
+                "Prompt tokens of the requests (cached ones included).",
                 t.prompt_tokens as f64,
+            ),
+            (
+                "prompt_tokens_cached_total",
+                "counter",
+                "Prompt tokens found in the cache (the start a prompt shares with the previous one).",
+                t.cached_tokens as f64,
             ),
             (
                 "tokens_generated_total",

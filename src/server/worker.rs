@@ -76,6 +76,9 @@ impl Drafter for Lent {
     fn finish(&mut self, output: &[u32]) -> Result<()> {
         self.with(|d| d.finish(output))
     }
+    fn forget(&mut self) {
+        self.with(|d| d.forget())
+    }
     fn stats(&self) -> NodeStats {
         self.with(|d| d.stats())
     }
