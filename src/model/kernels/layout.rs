@@ -89,6 +89,17 @@ const fn slot<const V: usize>(v: usize) -> (usize, usize) {
     (v % group / 4, 4 * (v / group) + v % 4)
 }
 
+/// The value at byte `byte` of vector `z` in the layout of `V`-byte vectors: the inverse of
+/// [`slot`]. Packing gathers each output byte's values with it (a model's weights are packed
+/// at every load, so this is most of the load time).
+const fn value_at<const V: usize>(z: usize, byte: usize) -> usize {
+    let group = QK * 4 / V;
+    group * (byte / 4) + 4 * z + byte % 4
+}
+
+/// A block's 256 values in order, as stored (plus the format's offset).
+type Values = [u8; QK];
+
 /// A Q4_K block: the nibbles of vector `z` are in `qs[V * (z / 2)..]`, low nibbles for even
 /// `z`, high for odd; one scale and one min per 32 values, unpacked.
 #[derive(Clone)]
@@ -164,50 +175,63 @@ pub struct PackedQ4_1<const V: usize> {
     pub(super) qs: [u8; 128],
 }
 
-/// Value `v` (0..16) of a candle Q4_K block: 64-value chunks, low nibbles then high nibbles.
-fn q4k_value(b: &Q4K, v: usize) -> u8 {
-    let (chunk, i) = (v / 64, v % 64);
-    let byte = b.qs[32 * chunk + i % 32];
-    if i < 32 {
-        byte & 15
-    } else {
-        byte >> 4
+/// The values (0..16) of a candle Q4_K block: 64-value chunks, low nibbles then high nibbles.
+fn q4k_values(b: &Q4K) -> Values {
+    let mut out = [0u8; QK];
+    for (out, qs) in out.chunks_exact_mut(64).zip(b.qs.chunks_exact(32)) {
+        for (i, &q) in qs.iter().enumerate() {
+            (out[i], out[32 + i]) = (q & 15, q >> 4);
+        }
     }
+    out
 }
 
-/// Value `v` plus 32 (0..64) of a candle Q6_K block: per 128 values, four 32-value quarters
+/// The values plus 32 (0..64) of a candle Q6_K block: per 128 values, four 32-value quarters
 /// taking the low/high nibbles of `ql` and successive bit pairs of `qh`.
-fn q6k_value(b: &Q6K, v: usize) -> u8 {
-    let (half, quarter, l) = (v / 128, v % 128 / 32, v % 32);
-    let ql = b.ql[64 * half + 32 * (quarter % 2) + l];
-    let low = if quarter < 2 { ql & 15 } else { ql >> 4 };
-    let high = (b.qh[32 * half + l] >> (2 * quarter)) & 3;
-    low | (high << 4)
-}
-
-/// Value `j` (0..16) of a 32-value block whose 16 bytes hold low nibbles then high nibbles.
-fn nibble32(qs: &[u8; 16], j: usize) -> u8 {
-    if j < 16 {
-        qs[j] & 15
-    } else {
-        qs[j - 16] >> 4
+fn q6k_values(b: &Q6K) -> Values {
+    let mut out = [0u8; QK];
+    for (half, out) in out.chunks_exact_mut(128).enumerate() {
+        let (ql, qh) = (
+            &b.ql[64 * half..64 * half + 64],
+            &b.qh[32 * half..32 * half + 32],
+        );
+        for (quarter, out) in out.chunks_exact_mut(32).enumerate() {
+            for (l, out) in out.iter_mut().enumerate() {
+                let q = ql[32 * (quarter % 2) + l];
+                let low = if quarter < 2 { q & 15 } else { q >> 4 };
+                *out = low | ((qh[l] >> (2 * quarter)) & 3) << 4;
+            }
+        }
     }
+    out
 }
 
-/// Value `j` plus 16 (0..32) of a Q5_0 block: its nibble, bit 4 from `qh`.
-fn q5_0_value(b: &Q5_0, j: usize) -> u8 {
-    let high = (u32::from_le_bytes(b.qh) >> j) & 1;
-    nibble32(&b.qs, j) | ((high as u8) << 4)
+/// The values (0..16) of a 32-value block whose 16 bytes hold low nibbles then high nibbles.
+fn nibble32_values(qs: &[u8; 16]) -> [u8; 32] {
+    std::array::from_fn(|j| if j < 16 { qs[j] & 15 } else { qs[j - 16] >> 4 })
+}
+
+/// The values plus 16 (0..32) of a Q5_0 block: its nibbles, bit 4 from `qh`.
+fn q5_0_values(b: &Q5_0) -> [u8; 32] {
+    let (low, qh) = (nibble32_values(&b.qs), u32::from_le_bytes(b.qh));
+    std::array::from_fn(|j| low[j] | (((qh >> j) & 1) as u8) << 4)
+}
+
+/// Eight 32-value blocks' values, in order.
+fn values8<T>(b: [&T; 8], values: impl Fn(&T) -> [u8; 32]) -> Values {
+    let mut out = [0u8; QK];
+    for (out, b) in out.chunks_exact_mut(32).zip(b) {
+        out.copy_from_slice(&values(b));
+    }
+    out
 }
 
 /// The low four bits of each value, at their slots.
-fn pack_nibbles<const V: usize>(value: impl Fn(usize) -> u8) -> [u8; 128] {
-    let mut qs = [0u8; 128];
-    for v in 0..QK {
-        let (z, byte) = slot::<V>(v);
-        qs[V * (z / 2) + byte] |= (value(v) & 15) << (4 * (z % 2));
-    }
-    qs
+fn pack_nibbles<const V: usize>(values: &Values) -> [u8; 128] {
+    std::array::from_fn(|p| {
+        let (z, byte) = (2 * (p / V), p % V);
+        values[value_at::<V>(z, byte)] & 15 | (values[value_at::<V>(z + 1, byte)] & 15) << 4
+    })
 }
 
 fn unpack_nibble<const V: usize>(qs: &[u8; 128], v: usize) -> u8 {
@@ -259,7 +283,7 @@ impl<const V: usize> PackedQ4K<V> {
             dmin: b.dmin,
             scales: sm[..8].try_into().unwrap(),
             mins: sm[8..].try_into().unwrap(),
-            qs: pack_nibbles::<V>(|v| q4k_value(b, v)),
+            qs: pack_nibbles::<V>(&q4k_values(b)),
         }
     }
 }
@@ -276,15 +300,17 @@ impl<const V: usize> PackedBlock for PackedQ4K<V> {
 
 impl<const V: usize> PackedQ6K<V> {
     fn new(b: &Q6K) -> Self {
-        let mut qh = [0u8; 64];
-        for v in 0..QK {
-            let (z, byte) = slot::<V>(v);
-            qh[V * (z / 4) + byte] |= (q6k_value(b, v) >> 4) << (2 * (z % 4));
-        }
+        let values = q6k_values(b);
+        let qh = std::array::from_fn(|p| {
+            let (z, byte) = (4 * (p / V), p % V);
+            (0..4).fold(0, |h, i| {
+                h | (values[value_at::<V>(z + i, byte)] >> 4) << (2 * i)
+            })
+        });
         Self {
             d: b.d,
             scales: b.scales,
-            ql: pack_nibbles::<V>(|v| q6k_value(b, v)),
+            ql: pack_nibbles::<V>(&values),
             qh,
         }
     }
@@ -304,15 +330,15 @@ impl<const V: usize> PackedBlock for PackedQ6K<V> {
 
 impl PackedQ5_0 {
     fn new(b: [&Q5_0; 8]) -> Self {
-        let value = |v: usize| q5_0_value(b[v / 32], v % 32);
-        let mut qh = [0u64; 4];
-        for v in 0..QK {
-            let (z, byte) = slot::<WIDE>(v);
-            qh[z] |= ((value(v) >> 4) as u64) << byte;
-        }
+        let values = values8(b, q5_0_values);
+        let qh = std::array::from_fn(|z| {
+            (0..WIDE).fold(0, |h, byte| {
+                h | ((values[value_at::<WIDE>(z, byte)] >> 4) as u64) << byte
+            })
+        });
         Self {
             d: b.map(|b| b.d),
-            qs: pack_nibbles::<WIDE>(value),
+            qs: pack_nibbles::<WIDE>(&values),
             qh,
         }
     }
@@ -330,15 +356,15 @@ impl PackedBlock for PackedQ5_0 {
 
 impl PackedQ5_0Planes {
     fn new(b: [&Q5_0; 8]) -> Self {
-        let value = |v: usize| q5_0_value(b[v / 32], v % 32);
-        let mut qh = [0u8; 32];
-        for v in 0..QK {
-            let (z, byte) = slot::<NARROW>(v);
-            qh[byte] |= (value(v) >> 4) << z;
-        }
+        let values = values8(b, q5_0_values);
+        let qh = std::array::from_fn(|byte| {
+            (0..QK / NARROW).fold(0, |h, z| {
+                h | (values[value_at::<NARROW>(z, byte)] >> 4) << z
+            })
+        });
         Self {
             d: b.map(|b| b.d),
-            qs: pack_nibbles::<NARROW>(value),
+            qs: pack_nibbles::<NARROW>(&values),
             qh,
         }
     }
@@ -357,11 +383,8 @@ impl PackedBlock for PackedQ5_0Planes {
 
 impl<const V: usize> PackedQ8_0<V> {
     fn new(b: [&Q8_0; 8]) -> Self {
-        let mut qs = [0u8; QK];
-        for v in 0..QK {
-            let (z, byte) = slot::<V>(v);
-            qs[V * z + byte] = (b[v / 32].qs[v % 32] as u8) ^ 0x80;
-        }
+        let values = values8(b, |b| b.qs.map(|q| q as u8 ^ 0x80));
+        let qs = std::array::from_fn(|p| values[value_at::<V>(p / V, p % V)]);
         Self {
             d: b.map(|b| b.d),
             qs,
@@ -382,7 +405,7 @@ impl<const V: usize> PackedQ4_0<V> {
     fn new(b: [&Q4_0; 8]) -> Self {
         Self {
             d: b.map(|b| b.d),
-            qs: pack_nibbles::<V>(|v| nibble32(&b[v / 32].qs, v % 32)),
+            qs: pack_nibbles::<V>(&values8(b, |b| nibble32_values(&b.qs))),
         }
     }
 }
@@ -401,7 +424,7 @@ impl<const V: usize> PackedQ4_1<V> {
         Self {
             d: b.map(|b| b.d),
             m: b.map(|b| b.m),
-            qs: pack_nibbles::<V>(|v| nibble32(&b[v / 32].qs, v % 32)),
+            qs: pack_nibbles::<V>(&values8(b, |b| nibble32_values(&b.qs))),
         }
     }
 }
