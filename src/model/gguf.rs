@@ -50,6 +50,9 @@ pub struct GgufFile<'a> {
     /// Where the header's regions end.
     pub layout: Layout,
     reader: Box<dyn Source + 'a>,
+    /// Room for the blocks of the tensor being repacked, kept for the next one: allocating
+    /// each tensor's afresh would fault in every page of the model twice.
+    scratch: Vec<u64>,
 }
 
 impl GgufFile<'static> {
@@ -91,6 +94,7 @@ impl<'a> GgufFile<'a> {
             content,
             layout,
             reader: Box::new(reader),
+            scratch: Vec::new(),
         })
     }
 
@@ -164,7 +168,8 @@ impl<'a> GgufFile<'a> {
             )));
         }
         let offset = self.content.tensor_data_offset;
-        QWeight::read(&mut self.reader, offset, name, info, kernels).map_err(|e| match e {
+        let reader = &mut self.reader;
+        QWeight::read(reader, offset, name, info, kernels, &mut self.scratch).map_err(|e| match e {
             Error::BadModelFile { reason, .. } => self.bad(reason),
             Error::Io(io) => self.bad(format!("reading tensor `{name}`: {io}")),
             other => other,

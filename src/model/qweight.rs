@@ -82,12 +82,15 @@ impl QWeight {
     /// With the portable one, Q5_0 is widened losslessly to Q8_0: a Q5_0 value is a 5-bit integer times the
     /// block scale, which Q8_0 holds exactly with the same scale, and candle's Q8_0 dot product
     /// is SIMD where its Q5_0 one is scalar (the 0.5B draft would be slower than the target).
+    /// Blocks that are repacked are read into `scratch` (grown as needed, kept for the next
+    /// tensor).
     pub fn read<R: Read + Seek>(
         reader: &mut R,
         data_offset: u64,
         name: &str,
         info: &TensorInfo,
         kernels: Kernels,
+        scratch: &mut Vec<u64>,
     ) -> Result<Self> {
         let dims = info.shape.dims();
         let (rows, cols) = match *dims {
@@ -107,6 +110,25 @@ impl QWeight {
         }
         let n_blocks = rows * cols / dtype.block_size();
         reader.seek(SeekFrom::Start(data_offset + info.offset))?;
+        if kernels != Kernels::Portable {
+            let pack = |source| Some(kernels::Packed::new(source, cols, kernels));
+            let packed = match dtype {
+                GgmlDType::Q4K => pack(Source::Q4K(read_into(reader, n_blocks, scratch)?)),
+                GgmlDType::Q6K => pack(Source::Q6K(read_into(reader, n_blocks, scratch)?)),
+                GgmlDType::Q5_0 => pack(Source::Q5_0(read_into(reader, n_blocks, scratch)?)),
+                GgmlDType::Q8_0 => pack(Source::Q8_0(read_into(reader, n_blocks, scratch)?)),
+                GgmlDType::Q4_0 => pack(Source::Q4_0(read_into(reader, n_blocks, scratch)?)),
+                GgmlDType::Q4_1 => pack(Source::Q4_1(read_into(reader, n_blocks, scratch)?)),
+                _ => None,
+            };
+            if let Some(p) = packed {
+                return Ok(Self {
+                    storage: Storage::Packed(p),
+                    rows,
+                    cols,
+                });
+            }
+        }
         let blocks = match dtype {
             GgmlDType::F32 => Blocks::F32(read_blocks(reader, n_blocks)?),
             GgmlDType::F16 => Blocks::F16(read_blocks(reader, n_blocks)?),
@@ -122,15 +144,7 @@ impl QWeight {
             GgmlDType::Q6K => Blocks::Q6K(read_blocks(reader, n_blocks)?),
             other => return Err(bad(format!("tensor {name}: unsupported type {other:?}"))),
         };
-        let packed = |source| Storage::Packed(kernels::Packed::new(source, cols, kernels));
-        let fast = kernels != Kernels::Portable;
         let storage = match blocks {
-            Blocks::Q4K(b) if fast => packed(Source::Q4K(&b)),
-            Blocks::Q6K(b) if fast => packed(Source::Q6K(&b)),
-            Blocks::Q5_0(b) if fast => packed(Source::Q5_0(&b)),
-            Blocks::Q8_0(b) if fast => packed(Source::Q8_0(&b)),
-            Blocks::Q4_0(b) if fast => packed(Source::Q4_0(&b)),
-            Blocks::Q4_1(b) if fast => packed(Source::Q4_1(&b)),
             Blocks::Q5_0(b) => Storage::Candle(Blocks::Q8_0(widen_q5_0(&b))),
             blocks => Storage::Candle(blocks),
         };
@@ -208,6 +222,26 @@ fn bad(reason: String) -> Error {
     Error::BadModelFile {
         path: Default::default(),
         reason,
+    }
+}
+
+/// Reads `n` plain-old-data blocks into `scratch`, grown as needed.
+fn read_into<'s, T: GgmlType, R: Read>(
+    reader: &mut R,
+    n: usize,
+    scratch: &'s mut Vec<u64>,
+) -> Result<&'s [T]> {
+    const { assert!(std::mem::align_of::<T>() <= std::mem::align_of::<u64>()) };
+    let bytes = n * std::mem::size_of::<T>();
+    if scratch.len() * 8 < bytes {
+        scratch.resize(bytes.div_ceil(8), 0);
+    }
+    // SAFETY: `scratch` holds at least `bytes` bytes (just ensured), aligned for `T` (checked at
+    // compile time); T is a repr(C) block of integers and f16s, valid for any bit pattern.
+    unsafe {
+        let buf = std::slice::from_raw_parts_mut(scratch.as_mut_ptr() as *mut u8, bytes);
+        reader.read_exact(buf)?;
+        Ok(std::slice::from_raw_parts(scratch.as_ptr() as *const T, n))
     }
 }
 
