@@ -1,7 +1,7 @@
 //! `cascade bench`, `cascade plan` and `cascade calibrate`.
 
 use super::generate::SamplingArgs;
-use super::{bar, label, load_plan};
+use super::{bar, label, load_plan, show_step};
 use anyhow::{bail, Context, Result};
 use cascade::bench::{self, BenchConfig, BenchOptions, Report};
 use cascade::config::RawConfig;
@@ -271,10 +271,9 @@ pub fn calibrate(args: CalibrateArgs) -> Result<()> {
         for m in plan.models() {
             let bar = bar("{msg:>50} [{bar:30}] {pos}/{len}");
             let label = cascade::config::file_label(&m.path);
+            let what = format!("loading {label}");
             let loaded = store.load(&m.path, m.tokenizer.as_deref(), &mut |d, t| {
-                bar.set_message(format!("loading {label}"));
-                bar.set_length(t as u64);
-                bar.set_position(d as u64);
+                show_step(&bar, &what, d, t)
             })?;
             bar.finish_and_clear();
             if !models

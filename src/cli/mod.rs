@@ -38,13 +38,23 @@ pub fn bar(style: &str) -> ProgressBar {
     )
 }
 
+/// Shows `done` of `total` steps of `what` on `bar`, which may have shown another task: its
+/// count starts over first, so that no frame shows one task's count against another's total.
+pub fn show_step(bar: &ProgressBar, what: &str, done: usize, total: usize) {
+    if bar.message() != what {
+        bar.set_position(0);
+        bar.set_length(total as u64);
+        bar.set_message(what.to_string());
+    }
+    bar.set_length(total as u64);
+    bar.set_position(done as u64);
+}
+
 /// Builds `plan`'s engine, models loaded through `store`, with a progress bar.
 pub fn build(plan: &Plan, store: &mut ModelStore) -> Result<cascade::engine::Engine> {
     let bar = bar("{msg:>50} [{bar:30}] {pos}/{len}");
     let engine = plan.build_with(store, &mut |what, done, total| {
-        bar.set_message(what.to_string());
-        bar.set_length(total as u64);
-        bar.set_position(done as u64);
+        show_step(&bar, what, done, total)
     })?;
     bar.finish_and_clear();
     Ok(engine)
