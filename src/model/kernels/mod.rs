@@ -277,7 +277,7 @@ impl Packed {
 const MAX_ROWS: usize = 16;
 
 /// Weight rows per task.
-const CHUNK: usize = 16;
+pub(super) const CHUNK: usize = 16;
 
 /// Dot products of up to `CHUNK` weight rows with up to `MAX_ROWS` activation rows.
 type Tile = [[f32; MAX_ROWS]; CHUNK];
