@@ -225,34 +225,42 @@ fn bad(reason: String) -> Error {
     }
 }
 
-/// Reads `n` plain-old-data blocks into `scratch`, grown as needed.
+/// Fills `blocks` from `reader` (`GgmlType`s are `repr(C)` byte layouts of the GGUF blocks).
+fn fill<T: GgmlType, R: Read>(reader: &mut R, blocks: &mut [T]) -> Result<()> {
+    // SAFETY: the bytes of `blocks`; T is a repr(C) block of integers and f16s, valid for any
+    // bit pattern.
+    let bytes = unsafe {
+        std::slice::from_raw_parts_mut(
+            blocks.as_mut_ptr() as *mut u8,
+            std::mem::size_of_val(blocks),
+        )
+    };
+    Ok(reader.read_exact(bytes)?)
+}
+
+/// Reads `n` blocks into `scratch`, grown as needed (the header check bounds `n` by the
+/// file's size).
 fn read_into<'s, T: GgmlType, R: Read>(
     reader: &mut R,
     n: usize,
     scratch: &'s mut Vec<u64>,
 ) -> Result<&'s [T]> {
     const { assert!(std::mem::align_of::<T>() <= std::mem::align_of::<u64>()) };
-    let bytes = n * std::mem::size_of::<T>();
-    if scratch.len() * 8 < bytes {
-        scratch.resize(bytes.div_ceil(8), 0);
+    let words = (n * std::mem::size_of::<T>()).div_ceil(std::mem::size_of::<u64>());
+    if scratch.len() < words {
+        scratch.resize(words, 0);
     }
-    // SAFETY: `scratch` holds at least `bytes` bytes (just ensured), aligned for `T` (checked at
-    // compile time); T is a repr(C) block of integers and f16s, valid for any bit pattern.
-    unsafe {
-        let buf = std::slice::from_raw_parts_mut(scratch.as_mut_ptr() as *mut u8, bytes);
-        reader.read_exact(buf)?;
-        Ok(std::slice::from_raw_parts(scratch.as_ptr() as *const T, n))
-    }
+    // SAFETY: `scratch` holds at least `n` blocks' bytes (just ensured), aligned for `T`
+    // (checked at compile time); T is valid for any bit pattern.
+    let blocks = unsafe { std::slice::from_raw_parts_mut(scratch.as_mut_ptr() as *mut T, n) };
+    fill(reader, blocks)?;
+    Ok(blocks)
 }
 
-/// Reads `n` plain-old-data blocks (`GgmlType`s are `repr(C)` byte layouts of the GGUF blocks).
+/// Reads `n` blocks into a vector of their own.
 fn read_blocks<T: GgmlType, R: Read>(reader: &mut R, n: usize) -> Result<Vec<T>> {
     let mut v: Vec<T> = vec![T::zeros(); n];
-    // SAFETY: T is a repr(C) block of integers and f16s, valid for any bit pattern.
-    let bytes = unsafe {
-        std::slice::from_raw_parts_mut(v.as_mut_ptr() as *mut u8, n * std::mem::size_of::<T>())
-    };
-    reader.read_exact(bytes)?;
+    fill(reader, &mut v)?;
     Ok(v)
 }
 
