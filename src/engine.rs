@@ -314,7 +314,7 @@ impl Engine {
                 .min(max_len - context.len());
             let drafter = self.drafter.as_deref_mut();
             self.target
-                .set_horizon(opts.max_new_tokens - generated.len());
+                .set_horizon(generated.len(), opts.max_new_tokens - generated.len());
             let round_start = Instant::now();
             let round = self
                 .target

@@ -25,7 +25,10 @@
 //! It is an investment, made only if it costs at most [`INVEST_SHARE`] of the time the rest
 //! of the generation is expected to take ([`Gate::worth_catching_up`]): a long prompt with a
 //! short answer is then drafted by the free drafters alone, where reading the prompt would
-//! cost more than the draft model could save.
+//! cost more than the draft model could save. How long the rest is expected to be
+//! ([`expected_remaining`]) does not come from `max_new_tokens` alone, which users set far
+//! above most answers: a declined drafter is asked again each round, and a generation that
+//! runs long may earn the investment as it goes.
 
 use crate::costs::ForwardCost;
 use crate::engine::SourceBuckets;
@@ -96,6 +99,20 @@ const RATE_WEIGHT: f64 = 0.1;
 /// The largest share of the generation's expected remaining time a drafter may spend
 /// catching up on the text before its first draft: about what a good draft model saves.
 pub const INVEST_SHARE: f64 = 0.1;
+/// Tokens a generation is expected to run before it has shown otherwise: a paragraph or a
+/// function, what the prompt suite's answers mostly reach.
+pub const TYPICAL_ANSWER: usize = 128;
+
+/// Tokens a generation that has emitted `generated` and may emit `remaining` more is expected to
+/// go on for: as many as it has emitted (a text that has run `g` tokens is as likely as not to
+/// run `g` more), at least [`TYPICAL_ANSWER`], at most `remaining`. Bounding a catch-up by this
+/// instead of `remaining` keeps a large `max_new_tokens` from paying for reading a long prompt
+/// whose answer is short. The drafter is asked again in later rounds and reads the text once
+/// [`INVEST_SHARE`] of the time spent so far outweighs the reading (the break-even rule of
+/// renting versus buying), which also grows with the text.
+pub fn expected_remaining(generated: usize, remaining: usize) -> usize {
+    remaining.min(generated.max(TYPICAL_ANSWER))
+}
 
 /// How one drafter's proposals fare at one review level.
 #[derive(Clone, Debug)]
@@ -179,7 +196,7 @@ pub struct Adaptive {
     rate: f64,
     /// Plain decoding's recent rate (one token per predicted decode step).
     decoding: f64,
-    /// Tokens the generation may still emit, if known ([`Adaptive::set_horizon`]).
+    /// Tokens the generation is expected to emit still, if known ([`Adaptive::set_horizon`]).
     horizon: Option<usize>,
 }
 
@@ -196,11 +213,11 @@ impl Adaptive {
         }
     }
 
-    /// The generation may emit at most `tokens` more: a drafter's catch-up on the text must
-    /// cost at most [`INVEST_SHARE`] of the time they are expected to take. Without a
-    /// horizon every catch-up is made.
-    pub fn set_horizon(&mut self, tokens: usize) {
-        self.horizon = Some(tokens);
+    /// The generation has emitted `generated` tokens and may emit at most `remaining` more: a
+    /// drafter's catch-up on the text must cost at most [`INVEST_SHARE`] of the time the
+    /// [`expected_remaining`] tokens take. Without a horizon every catch-up is made.
+    pub fn set_horizon(&mut self, generated: usize, remaining: usize) {
+        self.horizon = Some(expected_remaining(generated, remaining));
     }
 
     /// The rate a drafted position must beat: the recent rate, at least plain decoding's.
@@ -467,7 +484,7 @@ impl Gate {
     /// Whether `source` should spend `cost` seconds catching up on the text before its
     /// first draft (a one-time cost the rounds after it repay); if so the cost counts as
     /// spent. A fixed gate always says yes; an adaptive one if the cost is at most
-    /// [`INVEST_SHARE`] of the horizon's tokens at the recent rate `λ`.
+    /// [`INVEST_SHARE`] of the expected remaining tokens' time at the recent rate `λ`.
     pub(crate) fn worth_catching_up(&mut self, source: &Source, cost: f64) -> bool {
         let Some(p) = &mut self.policy else {
             return true;
@@ -550,7 +567,7 @@ mod tests {
         assert!(Gate::adaptive(a.clone()).worth_catching_up(&s, 100.0));
         assert!(Gate::fixed().worth_catching_up(&s, 100.0));
         // 100 tokens at plain decoding's 20 tokens/s take 5 s: a catch-up may cost 0.5 s.
-        a.set_horizon(100);
+        a.set_horizon(0, 100);
         let budget = INVEST_SHARE * 100.0 * 0.05;
         assert!(!Gate::adaptive(a.clone()).worth_catching_up(&s, budget * 1.01));
         let mut gate = Gate::adaptive(a.clone());
@@ -562,6 +579,29 @@ mod tests {
         let rate = a.rate;
         a.learn(&gate, 0);
         assert!((a.rate - rate).abs() < 1e-9, "{} vs {rate}", a.rate);
+    }
+
+    #[test]
+    fn a_large_token_limit_does_not_pay_for_a_catch_up_until_the_answer_runs_long() {
+        let s: Source = "d".into();
+        let mut a = Adaptive::new(verify());
+        // A 1 s catch-up needs 10 s of expected decoding: 200 tokens at 20 tokens/s.
+        let worth = |a: &Adaptive| Gate::adaptive(a.clone()).worth_catching_up(&s, 1.0);
+        a.set_horizon(0, 10_000);
+        assert!(!worth(&a), "expected: a typical answer, not the limit");
+        a.set_horizon(150, 9_850);
+        assert!(!worth(&a));
+        a.set_horizon(201, 9_799);
+        assert!(
+            worth(&a),
+            "an answer of 201 tokens is expected to run as long again"
+        );
+        // Never past the limit.
+        a.set_horizon(201, 150);
+        assert!(!worth(&a));
+        assert_eq!(expected_remaining(0, 64), 64);
+        assert_eq!(expected_remaining(0, 1000), TYPICAL_ANSWER);
+        assert_eq!(expected_remaining(500, 1000), 500);
     }
 
     #[test]

@@ -140,11 +140,12 @@ impl Reviewer {
         self.model.behind(context)
     }
 
-    /// The generation may emit at most `tokens` more (with adaptive drafting, this bounds
-    /// what drafters may spend catching up on the text: [`Adaptive::set_horizon`]).
-    pub fn set_horizon(&mut self, tokens: usize) {
+    /// The generation has emitted `generated` tokens and may emit at most `remaining` more
+    /// (with adaptive drafting, this bounds what drafters may spend catching up on the text:
+    /// [`Adaptive::set_horizon`]).
+    pub fn set_horizon(&mut self, generated: usize, remaining: usize) {
         if let Some(a) = &mut self.adaptive {
-            a.set_horizon(tokens);
+            a.set_horizon(generated, remaining);
         }
     }
 

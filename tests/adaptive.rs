@@ -20,11 +20,11 @@ fn verify_cost() -> ForwardCost {
     }
 }
 
-/// A draft model step of 1 ms, and 1 ms per token of a longer forward (its prompt: 0.2 s).
+/// A draft model step of 1 ms, and 0.5 ms per token of a longer forward (its prompt: 0.2 s).
 fn draft_cost() -> ForwardCost {
     ForwardCost {
         decode_seconds: 0.001,
-        ratios: vec![(1, 1.0)],
+        ratios: vec![(1, 1.0), (2, 1.5)],
         per_context: Vec::new(),
     }
 }
@@ -33,13 +33,16 @@ fn neural() -> NeuralDrafter {
     NeuralDrafter::new("d", Box::new(ToyModel::new(5, VOCAB, 6.0))).with_cost(&draft_cost())
 }
 
-/// Plain decoding takes 10 ms a token, so `max_new_tokens` of 10 leave a catch-up 10 ms (a
-/// tenth of 0.1 s): reading the 200-token prompt (0.2 s) is not worth it, and the draft model
-/// never runs. With 1,000 tokens to go (10 ms a token, 10 s) it is, and the model drafts.
-/// Greedy output is the target's either way.
+/// Plain decoding takes 10 ms a token and a catch-up may cost a tenth of the time the rest of
+/// the generation is expected to take. With `max_new_tokens` of 10 that is 10 ms, so reading
+/// the 400-token prompt (0.2 s) is not worth it. With 300 it is not either: the rest is
+/// expected to be as long as what is out, at least 128 tokens, at most what the limit leaves,
+/// so the budget never passes 0.15 s (150 tokens out, 150 to go), while reading grows with the
+/// text (0.275 s then). With 1,000 the generation earns it once about 400 tokens are out: the
+/// draft model reads then and drafts the rest. Greedy output is the target's either way.
 #[test]
 fn a_draft_model_reads_a_long_prompt_only_if_the_generation_can_repay_it() {
-    let prompt: Vec<u32> = (0..200).map(|i| (i * 5 % VOCAB) as u32).collect();
+    let prompt: Vec<u32> = (0..400).map(|i| (i * 5 % VOCAB) as u32).collect();
     type Make = fn() -> Box<dyn Drafter>;
     let drafters: [(&str, Make); 2] = [
         ("a draft model", || Box::new(neural())),
@@ -66,7 +69,7 @@ fn a_draft_model_reads_a_long_prompt_only_if_the_generation_can_repay_it() {
         e.generate(&prompt, &opts, &mut |_| {}).unwrap()
     };
     for (name, drafter) in drafters {
-        for (max_new_tokens, reads) in [(10, false), (1000, true)] {
+        for (max_new_tokens, reads) in [(10, false), (300, false), (1000, true)] {
             let what = format!("{name}, {max_new_tokens} tokens");
             let plain = generate(None, max_new_tokens);
             let g = generate(Some(drafter()), max_new_tokens);
@@ -74,6 +77,10 @@ fn a_draft_model_reads_a_long_prompt_only_if_the_generation_can_repay_it() {
             let calls = g.drafter.as_ref().unwrap().forward_calls;
             assert_eq!(calls > 0, reads, "{what}: {calls} forward calls");
             assert_eq!(g.stats.drafted > 0, reads, "{what}");
+            if reads {
+                // Not at once: the first 400 tokens were decoded one target call each.
+                assert!(g.stats.target_calls > 400, "{what}: {:?}", g.stats);
+            }
         }
     }
 }
