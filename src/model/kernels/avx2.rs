@@ -18,7 +18,8 @@
 //! one-row products bit for bit.
 
 use super::layout::{
-    PackedQ4K, PackedQ4_0, PackedQ4_1, PackedQ5_0Planes, PackedQ6K, PackedQ8_0, NARROW, QK,
+    HalfQ4_0, HalfQ4_1, HalfQ5_0Planes, HalfQ8_0, PackedQ4K, PackedQ4_0, PackedQ4_1,
+    PackedQ5_0Planes, PackedQ6K, PackedQ8_0, NARROW, QK,
 };
 use super::{for_each_output, prefetch, Tile, CHUNK, MAX_ROWS};
 use std::arch::x86_64::*;
@@ -31,25 +32,61 @@ pub(super) fn supported() -> bool {
         && is_x86_feature_detected!("f16c")
 }
 
-/// `dst[m x n] = lhs[m x k] x Wᵀ` for `n` weight rows of `k.div_ceil(256)` blocks each.
+/// `dst[m x n] = lhs[m x k] x Wᵀ` for `n` weight rows of `k.div_ceil(256)` blocks each: all
+/// in `w`, or (if `tails` is not empty) all but the last in `w` and the last, in half size,
+/// in `tails` (`Rows` in the layout module).
 ///
 /// # Safety
 /// The CPU must have AVX2, FMA and F16C ([`supported`]). Slice lengths are checked.
-pub(super) unsafe fn matmul<B: Block + Sync>(
+pub(super) unsafe fn matmul<B, H>(
     w: &[B],
+    tails: &[H],
     (m, k, n): (usize, usize, usize),
     lhs: &[f32],
     dst: &mut [f32],
-) {
+) where
+    B: Block + Sync,
+    H: Block<Unpacked = B::Unpacked> + Sync,
+{
     let kb = k.div_ceil(QK);
-    assert!(w.len() >= n * kb && lhs.len() == m * k);
+    let full = kb - usize::from(!tails.is_empty());
+    assert!(w.len() >= n * full && (tails.is_empty() || tails.len() >= n) && lhs.len() == m * k);
     let acts = ActBlock::quantize(lhs, m, k, B::PER32);
     let slab = slab(m, kb);
+    let w = Weights { w, tails, full };
     for_each_output(m, n, dst, |js, r0, rows, out| {
         // SAFETY: the caller guarantees the CPU features; `js` is within the `n` rows of `w`
         // (checked above) and rows `r0..r0 + rows` within the `m` quantized rows.
-        unsafe { tile(w, js, &acts[r0 * kb..], kb, slab, rows, out) }
+        unsafe { tile(&w, js, &acts[r0 * kb..], kb, slab, rows, out) }
     });
+}
+
+/// A matrix's weight rows: `full` blocks each in `w`, then each row's last block in `tails`
+/// if that is not empty.
+struct Weights<'a, B, H> {
+    w: &'a [B],
+    tails: &'a [H],
+    full: usize,
+}
+
+impl<B: Block, H: Block<Unpacked = B::Unpacked>> Weights<'_, B, H> {
+    /// Block `b` of row `j`, in registers.
+    ///
+    /// # Safety
+    /// The CPU must have AVX2 and F16C; `j` is a row of the matrix and `b` one of its blocks
+    /// (the callers check the slice lengths against them).
+    #[inline(always)]
+    unsafe fn unpack(&self, j: usize, b: usize) -> B::Unpacked {
+        if b < self.full {
+            let x = &*self.w.as_ptr().add(j * self.full + b);
+            prefetch(x);
+            x.unpack()
+        } else {
+            let x = &*self.tails.as_ptr().add(j);
+            prefetch(x);
+            x.unpack()
+        }
+    }
 }
 
 /// 256 activations quantized to 8 bits, in the [`NARROW`] layout, with the integer sum of
@@ -182,13 +219,51 @@ unsafe fn products(w: &[__m256i], a: &ActBlock, z0: usize) -> __m256i {
     sum
 }
 
-/// Eight f16 scales as floats.
-///
-/// # Safety
-/// The CPU must have F16C.
-#[inline(always)]
-unsafe fn f16x8(d: &[u16; 8]) -> __m256 {
-    _mm256_cvtph_ps(_mm_loadu_si128(d.as_ptr() as *const _))
+/// How a block's vectors are stored: [`Whole`], or [`Low`] for the half blocks that end some
+/// rows (`Halves` in the layout module).
+trait Lanes {
+    /// Vector `i` of the vectors stored from `p`.
+    ///
+    /// # Safety
+    /// The CPU must have AVX2; `p` points to at least `i + 1` stored vectors.
+    unsafe fn vector(p: *const u8, i: usize) -> __m256i;
+
+    /// The f16 scales (one per lane) stored at `d`, as floats.
+    ///
+    /// # Safety
+    /// The CPU must have F16C; `d` points to the block's stored scales.
+    unsafe fn scales(d: *const u16) -> __m256;
+}
+
+/// All eight lanes: 32 bytes a vector, eight scales.
+struct Whole;
+
+/// Lanes 0-3: 16 bytes a vector, four scales; lanes 4-7 read as zeros, scales included, which
+/// is what the padding they replace held.
+struct Low;
+
+impl Lanes for Whole {
+    #[inline(always)]
+    unsafe fn vector(p: *const u8, i: usize) -> __m256i {
+        _mm256_loadu_si256(p.add(32 * i) as *const _)
+    }
+
+    #[inline(always)]
+    unsafe fn scales(d: *const u16) -> __m256 {
+        _mm256_cvtph_ps(_mm_loadu_si128(d as *const _))
+    }
+}
+
+impl Lanes for Low {
+    #[inline(always)]
+    unsafe fn vector(p: *const u8, i: usize) -> __m256i {
+        _mm256_zextsi128_si256(_mm_loadu_si128(p.add(16 * i) as *const _))
+    }
+
+    #[inline(always)]
+    unsafe fn scales(d: *const u16) -> __m256 {
+        _mm256_cvtph_ps(_mm_loadl_epi64(d as *const _))
+    }
 }
 
 /// Eight bytes, each zero-extended into its own 32-bit lane; with `twice`, also into the
@@ -209,16 +284,17 @@ unsafe fn byte_lanes(bytes: &[u8; 8], twice: bool) -> __m256i {
     _mm256_shuffle_epi8(v, std::mem::transmute::<[i8; 32], __m256i>(idx))
 }
 
-/// The eight vectors of a layout's 128 nibble bytes.
+/// The eight vectors of a layout's nibble bytes stored from `qs` (128 bytes, or 64 for
+/// [`Low`]).
 ///
 /// # Safety
-/// The CPU must have AVX2.
+/// The CPU must have AVX2; `qs` points to the stored nibbles.
 #[inline(always)]
-unsafe fn nibbles(qs: &[u8; 128]) -> [__m256i; 8] {
+unsafe fn nibbles<L: Lanes>(qs: *const u8) -> [__m256i; 8] {
     let m4 = _mm256_set1_epi8(0x0f);
     let mut w = [_mm256_setzero_si256(); 8];
     for p in 0..4 {
-        let v = _mm256_loadu_si256(qs.as_ptr().add(32 * p) as *const _);
+        let v = L::vector(qs, p);
         w[2 * p] = _mm256_and_si256(v, m4);
         w[2 * p + 1] = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
     }
@@ -279,7 +355,7 @@ impl Block for PackedQ4K<NARROW> {
         ));
         let mins = _mm256_cvtepi32_ps(byte_lanes(&self.mins, false));
         UnpackedQ4K {
-            w: nibbles(&self.qs),
+            w: nibbles::<Whole>(self.qs.as_ptr()),
             scales: byte_lanes(&self.scales, true),
             d: _mm256_broadcastss_ps(dd),
             offset: _mm256_mul_ps(_mm256_broadcastss_ps(_mm_movehdup_ps(dd)), mins),
@@ -310,7 +386,7 @@ impl Block for PackedQ6K<NARROW> {
 
     #[inline(always)]
     unsafe fn unpack(&self) -> UnpackedQ6K {
-        let low = nibbles(&self.ql);
+        let low = nibbles::<Whole>(self.ql.as_ptr());
         let m30 = _mm256_set1_epi8(0x30);
         let qh = [0, 32].map(|o| _mm256_loadu_si256(self.qh.as_ptr().add(o) as *const _));
         // Bits 4-5 of vector z are bits 2(z % 4).. of qh[32 * (z / 4)..]: move them to 4-5.
@@ -358,76 +434,105 @@ impl Block for PackedQ6K<NARROW> {
     }
 }
 
-impl Block for PackedQ5_0Planes {
-    const PER32: bool = true;
-    type Unpacked = Unpacked32;
-
-    #[inline(always)]
-    unsafe fn unpack(&self) -> Unpacked32 {
-        let low = nibbles(&self.qs);
-        let planes = _mm256_loadu_si256(self.qh.as_ptr() as *const _);
-        // Bit z of each byte to bit 4 (16-bit shifts: the mask drops what crosses bytes).
-        let high = |z: usize| match z {
-            0 => _mm256_slli_epi16(planes, 4),
-            1 => _mm256_slli_epi16(planes, 3),
-            2 => _mm256_slli_epi16(planes, 2),
-            3 => _mm256_slli_epi16(planes, 1),
-            4 => planes,
-            5 => _mm256_srli_epi16(planes, 1),
-            6 => _mm256_srli_epi16(planes, 2),
-            _ => _mm256_srli_epi16(planes, 3),
-        };
-        let bit4 = _mm256_set1_epi8(0x10);
-        let d = f16x8(&self.d);
-        Unpacked32 {
-            w: std::array::from_fn(|z| _mm256_or_si256(low[z], _mm256_and_si256(high(z), bit4))),
-            scale: d,
-            // Values are stored plus 16.
-            offset: _mm256_mul_ps(d, _mm256_set1_ps(16.0)),
-        }
-    }
-
-    #[inline(always)]
-    unsafe fn dot(u: &Unpacked32, a: &ActBlock, acc: __m256) -> __m256 {
-        // Values 0..32: four vectors of products fit in 16 bits.
-        let ones = _mm256_set1_epi16(1);
-        let ints = _mm256_add_epi32(
-            _mm256_madd_epi16(products(&u.w[..4], a, 0), ones),
-            _mm256_madd_epi16(products(&u.w[4..], a, 4), ones),
-        );
-        finish32(u, ints, a, acc)
+/// A Q5_0 block stored from `qs`, `qh` and `d` with lanes `L`, in registers.
+///
+/// # Safety
+/// The CPU must have AVX2 and F16C; the pointers are the block's fields.
+#[inline(always)]
+unsafe fn unpack_q5_0<L: Lanes>(qs: *const u8, qh: *const u8, d: *const u16) -> Unpacked32 {
+    let low = nibbles::<L>(qs);
+    let planes = L::vector(qh, 0);
+    // Bit z of each byte to bit 4 (16-bit shifts: the mask drops what crosses bytes).
+    let high = |z: usize| match z {
+        0 => _mm256_slli_epi16(planes, 4),
+        1 => _mm256_slli_epi16(planes, 3),
+        2 => _mm256_slli_epi16(planes, 2),
+        3 => _mm256_slli_epi16(planes, 1),
+        4 => planes,
+        5 => _mm256_srli_epi16(planes, 1),
+        6 => _mm256_srli_epi16(planes, 2),
+        _ => _mm256_srli_epi16(planes, 3),
+    };
+    let bit4 = _mm256_set1_epi8(0x10);
+    let d = L::scales(d);
+    Unpacked32 {
+        w: std::array::from_fn(|z| _mm256_or_si256(low[z], _mm256_and_si256(high(z), bit4))),
+        scale: d,
+        // Values are stored plus 16.
+        offset: _mm256_mul_ps(d, _mm256_set1_ps(16.0)),
     }
 }
 
-impl Block for PackedQ8_0<NARROW> {
-    const PER32: bool = true;
-    type Unpacked = Unpacked32;
+/// Q5_0: values 0..32, so four vectors of products fit in 16 bits.
+///
+/// # Safety
+/// The CPU must have AVX2 and FMA.
+#[inline(always)]
+unsafe fn dot_q5_0(u: &Unpacked32, a: &ActBlock, acc: __m256) -> __m256 {
+    let ones = _mm256_set1_epi16(1);
+    let ints = _mm256_add_epi32(
+        _mm256_madd_epi16(products(&u.w[..4], a, 0), ones),
+        _mm256_madd_epi16(products(&u.w[4..], a, 4), ones),
+    );
+    finish32(u, ints, a, acc)
+}
 
-    #[inline(always)]
-    unsafe fn unpack(&self) -> Unpacked32 {
+/// A Q8_0 block stored from `qs` and `d` with lanes `L`, in registers.
+///
+/// # Safety
+/// The CPU must have AVX2 and F16C; the pointers are the block's fields.
+#[inline(always)]
+unsafe fn unpack_q8_0<L: Lanes>(qs: *const u8, d: *const u16) -> Unpacked32 {
+    Unpacked32 {
         // Stored plus 128: flipping the top bit gives the signed value.
-        let q = self.qs.as_ptr();
-        Unpacked32 {
-            w: std::array::from_fn(|z| {
-                let v = _mm256_loadu_si256(q.add(32 * z) as *const _);
-                _mm256_xor_si256(v, _mm256_set1_epi8(-128))
-            }),
-            scale: f16x8(&self.d),
-            offset: _mm256_setzero_ps(),
-        }
+        w: std::array::from_fn(|z| _mm256_xor_si256(L::vector(qs, z), _mm256_set1_epi8(-128))),
+        scale: L::scales(d),
+        offset: _mm256_setzero_ps(),
     }
+}
 
-    #[inline(always)]
-    unsafe fn dot(u: &Unpacked32, a: &ActBlock, acc: __m256) -> __m256 {
-        // |w| times the activation with w's sign; one vector at a time (|w| reaches 128).
-        let ones = _mm256_set1_epi16(1);
-        let mut ints = _mm256_setzero_si256();
-        for (z, w) in u.w.iter().enumerate() {
-            let p = _mm256_maddubs_epi16(_mm256_abs_epi8(*w), _mm256_sign_epi8(act(a, z), *w));
-            ints = _mm256_add_epi32(ints, _mm256_madd_epi16(p, ones));
-        }
-        let scale = _mm256_mul_ps(u.scale, _mm256_load_ps(a.d32.as_ptr()));
-        _mm256_fmadd_ps(_mm256_cvtepi32_ps(ints), scale, acc)
+/// Q8_0: |w| times the activation with w's sign, one vector at a time (|w| reaches 128).
+///
+/// # Safety
+/// The CPU must have AVX2 and FMA.
+#[inline(always)]
+unsafe fn dot_q8_0(u: &Unpacked32, a: &ActBlock, acc: __m256) -> __m256 {
+    let ones = _mm256_set1_epi16(1);
+    let mut ints = _mm256_setzero_si256();
+    for (z, w) in u.w.iter().enumerate() {
+        let p = _mm256_maddubs_epi16(_mm256_abs_epi8(*w), _mm256_sign_epi8(act(a, z), *w));
+        ints = _mm256_add_epi32(ints, _mm256_madd_epi16(p, ones));
+    }
+    let scale = _mm256_mul_ps(u.scale, _mm256_load_ps(a.d32.as_ptr()));
+    _mm256_fmadd_ps(_mm256_cvtepi32_ps(ints), scale, acc)
+}
+
+/// A Q4_0 block stored from `qs` and `d` with lanes `L`, in registers.
+///
+/// # Safety
+/// The CPU must have AVX2 and F16C; the pointers are the block's fields.
+#[inline(always)]
+unsafe fn unpack_q4_0<L: Lanes>(qs: *const u8, d: *const u16) -> Unpacked32 {
+    let d = L::scales(d);
+    Unpacked32 {
+        w: nibbles::<L>(qs),
+        scale: d,
+        // Values are stored plus 8.
+        offset: _mm256_mul_ps(d, _mm256_set1_ps(8.0)),
+    }
+}
+
+/// A Q4_1 block stored from `qs`, `d` and `m` with lanes `L`, in registers.
+///
+/// # Safety
+/// The CPU must have AVX2 and F16C; the pointers are the block's fields.
+#[inline(always)]
+unsafe fn unpack_q4_1<L: Lanes>(qs: *const u8, d: *const u16, m: *const u16) -> Unpacked32 {
+    // value = d q + m: the min adds m per unit of activation sum.
+    Unpacked32 {
+        w: nibbles::<L>(qs),
+        scale: L::scales(d),
+        offset: _mm256_sub_ps(_mm256_setzero_ps(), L::scales(m)),
     }
 }
 
@@ -441,45 +546,37 @@ unsafe fn dot_nibbles32(u: &Unpacked32, a: &ActBlock, acc: __m256) -> __m256 {
     finish32(u, ints, a, acc)
 }
 
-impl Block for PackedQ4_0<NARROW> {
-    const PER32: bool = true;
-    type Unpacked = Unpacked32;
+/// [`Block`] for the per-32 formats, whole and half: `unpack` as given, `dot` the format's.
+macro_rules! per32_blocks {
+    ($($block:ty: |$b:ident| $unpack:expr, $dot:ident;)*) => {$(
+        impl Block for $block {
+            const PER32: bool = true;
+            type Unpacked = Unpacked32;
 
-    #[inline(always)]
-    unsafe fn unpack(&self) -> Unpacked32 {
-        let d = f16x8(&self.d);
-        Unpacked32 {
-            w: nibbles(&self.qs),
-            scale: d,
-            // Values are stored plus 8.
-            offset: _mm256_mul_ps(d, _mm256_set1_ps(8.0)),
+            #[inline(always)]
+            unsafe fn unpack(&self) -> Unpacked32 {
+                let $b = self;
+                $unpack
+            }
+
+            #[inline(always)]
+            unsafe fn dot(u: &Unpacked32, a: &ActBlock, acc: __m256) -> __m256 {
+                $dot(u, a, acc)
+            }
         }
-    }
-
-    #[inline(always)]
-    unsafe fn dot(u: &Unpacked32, a: &ActBlock, acc: __m256) -> __m256 {
-        dot_nibbles32(u, a, acc)
-    }
+    )*};
 }
 
-impl Block for PackedQ4_1<NARROW> {
-    const PER32: bool = true;
-    type Unpacked = Unpacked32;
-
-    #[inline(always)]
-    unsafe fn unpack(&self) -> Unpacked32 {
-        // value = d q + m: the min adds m per unit of activation sum.
-        Unpacked32 {
-            w: nibbles(&self.qs),
-            scale: f16x8(&self.d),
-            offset: _mm256_sub_ps(_mm256_setzero_ps(), f16x8(&self.m)),
-        }
-    }
-
-    #[inline(always)]
-    unsafe fn dot(u: &Unpacked32, a: &ActBlock, acc: __m256) -> __m256 {
-        dot_nibbles32(u, a, acc)
-    }
+per32_blocks! {
+    PackedQ5_0Planes: |b| unpack_q5_0::<Whole>(b.qs.as_ptr(), b.qh.as_ptr(), b.d.as_ptr()), dot_q5_0;
+    HalfQ5_0Planes: |b| unpack_q5_0::<Low>(b.qs.as_ptr(), b.qh.as_ptr(), b.d.as_ptr()), dot_q5_0;
+    PackedQ8_0<NARROW>: |b| unpack_q8_0::<Whole>(b.qs.as_ptr(), b.d.as_ptr()), dot_q8_0;
+    HalfQ8_0: |b| unpack_q8_0::<Low>(b.qs.as_ptr(), b.d.as_ptr()), dot_q8_0;
+    PackedQ4_0<NARROW>: |b| unpack_q4_0::<Whole>(b.qs.as_ptr(), b.d.as_ptr()), dot_nibbles32;
+    HalfQ4_0: |b| unpack_q4_0::<Low>(b.qs.as_ptr(), b.d.as_ptr()), dot_nibbles32;
+    PackedQ4_1<NARROW>:
+        |b| unpack_q4_1::<Whole>(b.qs.as_ptr(), b.d.as_ptr(), b.m.as_ptr()), dot_nibbles32;
+    HalfQ4_1: |b| unpack_q4_1::<Low>(b.qs.as_ptr(), b.d.as_ptr(), b.m.as_ptr()), dot_nibbles32;
 }
 
 /// Activation rows per group: each weight block is unpacked once for all of them, with the
@@ -511,8 +608,8 @@ fn slab(m: usize, kb: usize) -> usize {
 /// # Safety
 /// The CPU must have AVX2, FMA and F16C. Slice lengths are checked.
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn tile<B: Block>(
-    w: &[B],
+unsafe fn tile<B: Block, H: Block<Unpacked = B::Unpacked>>(
+    w: &Weights<B, H>,
     js: Range<usize>,
     acts: &[ActBlock],
     kb: usize,
@@ -520,21 +617,26 @@ unsafe fn tile<B: Block>(
     rows: usize,
     out: &mut Tile,
 ) {
-    assert!(js.end * kb <= w.len() && rows * kb <= acts.len() && js.len() <= out.len());
+    assert!(
+        js.end * w.full <= w.w.len()
+            && (w.full == kb || js.end <= w.tails.len())
+            && rows * kb <= acts.len()
+            && js.len() <= out.len()
+    );
     let mut r = 0;
     while r < rows {
         let n = (rows - r).min(GROUP);
         let acts = &acts[r * kb..(r + n) * kb];
         let js = js.clone();
         match n {
-            1 => group::<B, 1>(w, js, acts, kb, slab, r, out),
-            2 => group::<B, 2>(w, js, acts, kb, slab, r, out),
-            3 => group::<B, 3>(w, js, acts, kb, slab, r, out),
-            4 => group::<B, 4>(w, js, acts, kb, slab, r, out),
-            5 => group::<B, 5>(w, js, acts, kb, slab, r, out),
-            6 => group::<B, 6>(w, js, acts, kb, slab, r, out),
-            7 => group::<B, 7>(w, js, acts, kb, slab, r, out),
-            _ => group::<B, 8>(w, js, acts, kb, slab, r, out),
+            1 => group::<B, H, 1>(w, js, acts, kb, slab, r, out),
+            2 => group::<B, H, 2>(w, js, acts, kb, slab, r, out),
+            3 => group::<B, H, 3>(w, js, acts, kb, slab, r, out),
+            4 => group::<B, H, 4>(w, js, acts, kb, slab, r, out),
+            5 => group::<B, H, 5>(w, js, acts, kb, slab, r, out),
+            6 => group::<B, H, 6>(w, js, acts, kb, slab, r, out),
+            7 => group::<B, H, 7>(w, js, acts, kb, slab, r, out),
+            _ => group::<B, H, 8>(w, js, acts, kb, slab, r, out),
         }
         r += n;
     }
@@ -546,11 +648,12 @@ unsafe fn tile<B: Block>(
 /// slab left them.
 ///
 /// # Safety
-/// The CPU must have AVX2, FMA and F16C; `acts` holds `R * kb` blocks, `w` at least
-/// `js.end * kb`, `js` at most [`CHUNK`] rows (checked by the caller, [`tile`]); `slab > 0`.
+/// The CPU must have AVX2, FMA and F16C; `acts` holds `R * kb` blocks, `w` the rows `js` of
+/// `kb` blocks each, `js` at most [`CHUNK`] rows (checked by the caller, [`tile`]);
+/// `slab > 0`.
 #[inline(always)]
-unsafe fn group<B: Block, const R: usize>(
-    w: &[B],
+unsafe fn group<B: Block, H: Block<Unpacked = B::Unpacked>, const R: usize>(
+    w: &Weights<B, H>,
     js: Range<usize>,
     acts: &[ActBlock],
     kb: usize,
@@ -563,12 +666,9 @@ unsafe fn group<B: Block, const R: usize>(
     for s in (0..kb).step_by(slab) {
         let e = (s + slab).min(kb);
         for (j, accs) in js.clone().zip(accs.iter_mut()) {
-            let row = w.as_ptr().add(j * kb);
             let mut acc = *accs;
             for b in s..e {
-                let x = &*row.add(b);
-                prefetch(x);
-                let u = x.unpack();
+                let u = w.unpack(j, b);
                 for (i, acc) in acc.iter_mut().enumerate() {
                     *acc = B::dot(&u, &*a.add(i * kb + b), *acc);
                 }

@@ -10,7 +10,10 @@
 //! two halves apart: vectors 0-3 hold the first 16 values of each lane, 4-7 the second).
 //! A kernel sums integer products per lane and applies the scales after. Formats with
 //! 32-value blocks (Q4_0, Q4_1, Q5_0, Q8_0) are gathered eight blocks at a time, their rows
-//! padded with zero blocks to a multiple of 256 values.
+//! padded with zero blocks to a multiple of 256 values. In the AVX2 layout a row whose last
+//! 256 values hold at most 128 (896 = 3.5 x 256 in Qwen2.5 0.5B, 576 and 640 in other small
+//! models) keeps that block apart in half size ([`Halves`], [`Rows`]): its padding is lanes
+//! 4-7, the upper 16 bytes of every vector, which are then neither stored nor read.
 //!
 //! Everything here is portable code: packing, and dequantizing (bit for bit as candle does,
 //! which the tests check), used for embedding lookups and the references.
@@ -174,6 +177,243 @@ pub struct PackedQ4_1<const V: usize> {
     pub(super) m: [u16; 8],
     pub(super) qs: [u8; 128],
 }
+
+/// Lanes 0-3 of every 32-byte vector in `x` (its first 16 bytes): a block's half that
+/// [`Halves`] keeps.
+fn low_lanes<const N: usize, const H: usize>(x: &[u8; N]) -> [u8; H] {
+    const { assert!(2 * H == N && N.is_multiple_of(NARROW)) };
+    std::array::from_fn(|i| x[NARROW * (i / 16) + i % 16])
+}
+
+/// The inverse of [`low_lanes`], lanes 4-7 zero.
+fn whole_lanes<const H: usize, const N: usize>(x: &[u8; H]) -> [u8; N] {
+    const { assert!(2 * H == N && N.is_multiple_of(NARROW)) };
+    std::array::from_fn(|i| match i % NARROW {
+        b if b < 16 => x[16 * (i / NARROW) + b],
+        _ => 0,
+    })
+}
+
+/// The first four of eight scales (lanes 0-3), and back with zeros.
+fn low_scales(d: &[u16; 8]) -> [u16; 4] {
+    [d[0], d[1], d[2], d[3]]
+}
+
+fn whole_scales(d: &[u16; 4]) -> [u16; 8] {
+    [d[0], d[1], d[2], d[3], 0, 0, 0, 0]
+}
+
+/// An AVX2 block of a per-32 format whose lanes 0-3 (its first four 32-value blocks) can be
+/// stored alone: the last block of a row whose last 256 values hold at most 128, where lanes
+/// 4-7 are padding, with zero scales, facing zero activations. The kernels read such a half
+/// with 16-byte loads that zero lanes 4-7, scales included, so every product and sum comes out
+/// as the padded block's did, bit for bit.
+pub(super) trait Halves: Sized {
+    /// Lanes 0-3 alone.
+    type Half;
+    /// The block's lanes 0-3.
+    fn low(&self) -> Self::Half;
+    /// The block of `half` and zero padding (which is what [`Halves::low`] dropped).
+    fn widen(half: &Self::Half) -> Self;
+}
+
+/// A matrix's packed blocks, row after row. A row whose last 256 values hold at most 128
+/// (AVX2 layout) keeps that block apart in half size: `tails[row]` ([`Halves`]).
+#[derive(Clone)]
+pub(super) struct Rows<B, H = B> {
+    pub(super) blocks: Vec<B>,
+    pub(super) tails: Vec<H>,
+}
+
+impl<B, H> Rows<B, H> {
+    /// Blocks per row in `blocks`, of the `kb` a row spans.
+    pub(super) fn per_row(&self, kb: usize) -> usize {
+        kb - usize::from(!self.tails.is_empty())
+    }
+}
+
+impl<B: Clone, H: Clone> Rows<B, H> {
+    /// Rows of `kb` whole blocks each.
+    pub(super) fn whole(blocks: Vec<B>) -> Self {
+        Self {
+            blocks,
+            tails: Vec::new(),
+        }
+    }
+
+    /// Rows `rows` (in that order) of rows spanning `kb` blocks.
+    pub(super) fn select(&self, rows: &[u32], kb: usize) -> Self {
+        let per_row = self.per_row(kb);
+        let blocks = rows
+            .iter()
+            .flat_map(|&r| &self.blocks[r as usize * per_row..(r as usize + 1) * per_row])
+            .cloned()
+            .collect();
+        let tails = match self.tails.is_empty() {
+            true => Vec::new(),
+            false => rows
+                .iter()
+                .map(|&r| self.tails[r as usize].clone())
+                .collect(),
+        };
+        Self { blocks, tails }
+    }
+}
+
+impl<B: PackedBlock, H: PackedBlock> Rows<B, H> {
+    /// Dequantizes block `i` of row `row` (of rows spanning `kb` blocks).
+    pub(super) fn dequantize(&self, row: usize, i: usize, kb: usize, y: &mut [f32; QK]) {
+        let per_row = self.per_row(kb);
+        match i < per_row {
+            true => self.blocks[row * per_row + i].dequantize(y),
+            false => self.tails[row].dequantize(y),
+        }
+    }
+}
+
+/// Rows of `cols` values packed `kb = cols.div_ceil(256)` blocks a row, with each row's last
+/// block kept apart in half size if it holds at most 128 values.
+fn split_tails<B: Halves>(packed: Vec<B>, cols: usize) -> Rows<B, B::Half> {
+    if !(1..=QK / 2).contains(&(cols % QK)) {
+        return Rows {
+            blocks: packed,
+            tails: Vec::new(),
+        };
+    }
+    let kb = cols.div_ceil(QK);
+    let mut rows = Rows {
+        blocks: Vec::with_capacity(packed.len() / kb * (kb - 1)),
+        tails: Vec::with_capacity(packed.len() / kb),
+    };
+    let mut packed = packed.into_iter();
+    while let Some(first) = packed.next() {
+        let mut row: Vec<B> = std::iter::once(first)
+            .chain(packed.by_ref().take(kb - 1))
+            .collect();
+        let last = row.pop().expect("a row has kb >= 1 blocks");
+        rows.tails.push(last.low());
+        rows.blocks.extend(row);
+    }
+    rows
+}
+
+/// Lanes 0-3 of a [`PackedQ5_0Planes`] ([`Halves`]).
+#[derive(Clone)]
+#[repr(C)]
+pub struct HalfQ5_0Planes {
+    pub(super) d: [u16; 4],
+    pub(super) qs: [u8; 64],
+    pub(super) qh: [u8; 16],
+}
+
+/// Lanes 0-3 of a [`PackedQ8_0`] in the [`NARROW`] layout ([`Halves`]).
+#[derive(Clone)]
+#[repr(C)]
+pub struct HalfQ8_0 {
+    pub(super) d: [u16; 4],
+    pub(super) qs: [u8; 128],
+}
+
+/// Lanes 0-3 of a [`PackedQ4_0`] in the [`NARROW`] layout ([`Halves`]).
+#[derive(Clone)]
+#[repr(C)]
+pub struct HalfQ4_0 {
+    pub(super) d: [u16; 4],
+    pub(super) qs: [u8; 64],
+}
+
+/// Lanes 0-3 of a [`PackedQ4_1`] in the [`NARROW`] layout ([`Halves`]).
+#[derive(Clone)]
+#[repr(C)]
+pub struct HalfQ4_1 {
+    pub(super) d: [u16; 4],
+    pub(super) m: [u16; 4],
+    pub(super) qs: [u8; 64],
+}
+
+impl Halves for PackedQ5_0Planes {
+    type Half = HalfQ5_0Planes;
+    fn low(&self) -> HalfQ5_0Planes {
+        HalfQ5_0Planes {
+            d: low_scales(&self.d),
+            qs: low_lanes(&self.qs),
+            qh: low_lanes(&self.qh),
+        }
+    }
+    fn widen(h: &HalfQ5_0Planes) -> Self {
+        Self {
+            d: whole_scales(&h.d),
+            qs: whole_lanes(&h.qs),
+            qh: whole_lanes(&h.qh),
+        }
+    }
+}
+
+impl Halves for PackedQ8_0<NARROW> {
+    type Half = HalfQ8_0;
+    fn low(&self) -> HalfQ8_0 {
+        HalfQ8_0 {
+            d: low_scales(&self.d),
+            qs: low_lanes(&self.qs),
+        }
+    }
+    fn widen(h: &HalfQ8_0) -> Self {
+        Self {
+            d: whole_scales(&h.d),
+            qs: whole_lanes(&h.qs),
+        }
+    }
+}
+
+impl Halves for PackedQ4_0<NARROW> {
+    type Half = HalfQ4_0;
+    fn low(&self) -> HalfQ4_0 {
+        HalfQ4_0 {
+            d: low_scales(&self.d),
+            qs: low_lanes(&self.qs),
+        }
+    }
+    fn widen(h: &HalfQ4_0) -> Self {
+        Self {
+            d: whole_scales(&h.d),
+            qs: whole_lanes(&h.qs),
+        }
+    }
+}
+
+impl Halves for PackedQ4_1<NARROW> {
+    type Half = HalfQ4_1;
+    fn low(&self) -> HalfQ4_1 {
+        HalfQ4_1 {
+            d: low_scales(&self.d),
+            m: low_scales(&self.m),
+            qs: low_lanes(&self.qs),
+        }
+    }
+    fn widen(h: &HalfQ4_1) -> Self {
+        Self {
+            d: whole_scales(&h.d),
+            m: whole_scales(&h.m),
+            qs: whole_lanes(&h.qs),
+        }
+    }
+}
+
+macro_rules! dequantize_halves {
+    ($($half:ty => $whole:ty),*) => {$(
+        impl PackedBlock for $half {
+            fn dequantize(&self, y: &mut [f32; QK]) {
+                <$whole as Halves>::widen(self).dequantize(y)
+            }
+        }
+    )*};
+}
+dequantize_halves!(
+    HalfQ5_0Planes => PackedQ5_0Planes,
+    HalfQ8_0 => PackedQ8_0<NARROW>,
+    HalfQ4_0 => PackedQ4_0<NARROW>,
+    HalfQ4_1 => PackedQ4_1<NARROW>
+);
 
 /// The values (0..16) of a candle Q4_K block: 64-value chunks, low nibbles then high nibbles.
 fn q4k_values(b: &Q4K) -> Values {
@@ -438,12 +678,12 @@ impl<const V: usize> PackedBlock for PackedQ4_1<V> {
     }
 }
 
-pub(super) fn pack_q4k<const V: usize>(blocks: &[BlockQ4K]) -> Vec<PackedQ4K<V>> {
-    view::<_, Q4K>(blocks).iter().map(PackedQ4K::new).collect()
+pub(super) fn pack_q4k<const V: usize>(blocks: &[BlockQ4K]) -> Rows<PackedQ4K<V>> {
+    Rows::whole(view::<_, Q4K>(blocks).iter().map(PackedQ4K::new).collect())
 }
 
-pub(super) fn pack_q6k<const V: usize>(blocks: &[BlockQ6K]) -> Vec<PackedQ6K<V>> {
-    view::<_, Q6K>(blocks).iter().map(PackedQ6K::new).collect()
+pub(super) fn pack_q6k<const V: usize>(blocks: &[BlockQ6K]) -> Rows<PackedQ6K<V>> {
+    Rows::whole(view::<_, Q6K>(blocks).iter().map(PackedQ6K::new).collect())
 }
 
 const Q5_0_ZERO: Q5_0 = Q5_0 {
@@ -452,30 +692,53 @@ const Q5_0_ZERO: Q5_0 = Q5_0 {
     qs: [0; 16],
 };
 
-pub(super) fn pack_q5_0(blocks: &[BlockQ5_0], cols: usize) -> Vec<PackedQ5_0> {
-    pack_groups(view(blocks), cols, &Q5_0_ZERO, PackedQ5_0::new)
+const Q8_0_ZERO: Q8_0 = Q8_0 { d: 0, qs: [0; 32] };
+
+// Zero blocks hold the value 0 - 8 times a zero scale: zero.
+const Q4_0_ZERO: Q4_0 = Q4_0 { d: 0, qs: [0; 16] };
+
+const Q4_1_ZERO: Q4_1 = Q4_1 {
+    d: 0,
+    m: 0,
+    qs: [0; 16],
+};
+
+pub(super) fn pack_q5_0(blocks: &[BlockQ5_0], cols: usize) -> Rows<PackedQ5_0> {
+    Rows::whole(pack_groups(view(blocks), cols, &Q5_0_ZERO, PackedQ5_0::new))
 }
 
-pub(super) fn pack_q5_0_planes(blocks: &[BlockQ5_0], cols: usize) -> Vec<PackedQ5_0Planes> {
-    pack_groups(view(blocks), cols, &Q5_0_ZERO, PackedQ5_0Planes::new)
+pub(super) fn pack_q8_0(blocks: &[BlockQ8_0], cols: usize) -> Rows<PackedQ8_0<WIDE>> {
+    Rows::whole(pack_groups(view(blocks), cols, &Q8_0_ZERO, PackedQ8_0::new))
 }
 
-pub(super) fn pack_q8_0<const V: usize>(blocks: &[BlockQ8_0], cols: usize) -> Vec<PackedQ8_0<V>> {
-    let zero = Q8_0 { d: 0, qs: [0; 32] };
-    pack_groups(view(blocks), cols, &zero, PackedQ8_0::new)
+pub(super) fn pack_q5_0_planes(
+    blocks: &[BlockQ5_0],
+    cols: usize,
+) -> Rows<PackedQ5_0Planes, HalfQ5_0Planes> {
+    let packed = pack_groups(view(blocks), cols, &Q5_0_ZERO, PackedQ5_0Planes::new);
+    split_tails(packed, cols)
 }
 
-pub(super) fn pack_q4_0<const V: usize>(blocks: &[BlockQ4_0], cols: usize) -> Vec<PackedQ4_0<V>> {
-    // Zero blocks hold the value 0 - 8 times a zero scale: zero.
-    let zero = Q4_0 { d: 0, qs: [0; 16] };
-    pack_groups(view(blocks), cols, &zero, PackedQ4_0::new)
+pub(super) fn pack_q8_0_narrow(
+    blocks: &[BlockQ8_0],
+    cols: usize,
+) -> Rows<PackedQ8_0<NARROW>, HalfQ8_0> {
+    split_tails(
+        pack_groups(view(blocks), cols, &Q8_0_ZERO, PackedQ8_0::new),
+        cols,
+    )
 }
 
-pub(super) fn pack_q4_1<const V: usize>(blocks: &[BlockQ4_1], cols: usize) -> Vec<PackedQ4_1<V>> {
-    let zero = Q4_1 {
-        d: 0,
-        m: 0,
-        qs: [0; 16],
-    };
-    pack_groups(view(blocks), cols, &zero, PackedQ4_1::new)
+pub(super) fn pack_q4_0(blocks: &[BlockQ4_0], cols: usize) -> Rows<PackedQ4_0<NARROW>, HalfQ4_0> {
+    split_tails(
+        pack_groups(view(blocks), cols, &Q4_0_ZERO, PackedQ4_0::new),
+        cols,
+    )
+}
+
+pub(super) fn pack_q4_1(blocks: &[BlockQ4_1], cols: usize) -> Rows<PackedQ4_1<NARROW>, HalfQ4_1> {
+    split_tails(
+        pack_groups(view(blocks), cols, &Q4_1_ZERO, PackedQ4_1::new),
+        cols,
+    )
 }

@@ -30,7 +30,7 @@ use candle_core::quantized::k_quants::{
     BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ6K, BlockQ8_0,
 };
 use candle_core::quantized::GgmlDType;
-use layout::{PackedBlock, NARROW, QK, WIDE};
+use layout::{Rows, NARROW, QK, WIDE};
 use std::ops::Range;
 
 /// A family of matmul kernels.
@@ -127,19 +127,19 @@ pub struct Packed {
 
 /// Repacked blocks, by format and layout: AVX-512's ([`WIDE`]) or AVX2's ([`NARROW`]).
 enum Blocks {
-    Q4K(Vec<layout::PackedQ4K<WIDE>>),
-    Q6K(Vec<layout::PackedQ6K<WIDE>>),
-    Q5_0(Vec<layout::PackedQ5_0>),
-    Q8_0(Vec<layout::PackedQ8_0<WIDE>>),
-    Q4KNarrow(Vec<layout::PackedQ4K<NARROW>>),
-    Q6KNarrow(Vec<layout::PackedQ6K<NARROW>>),
-    Q5_0Planes(Vec<layout::PackedQ5_0Planes>),
-    Q8_0Narrow(Vec<layout::PackedQ8_0<NARROW>>),
-    Q4_0(Vec<layout::PackedQ4_0<NARROW>>),
-    Q4_1(Vec<layout::PackedQ4_1<NARROW>>),
+    Q4K(Rows<layout::PackedQ4K<WIDE>>),
+    Q6K(Rows<layout::PackedQ6K<WIDE>>),
+    Q5_0(Rows<layout::PackedQ5_0>),
+    Q8_0(Rows<layout::PackedQ8_0<WIDE>>),
+    Q4KNarrow(Rows<layout::PackedQ4K<NARROW>>),
+    Q6KNarrow(Rows<layout::PackedQ6K<NARROW>>),
+    Q5_0Planes(Rows<layout::PackedQ5_0Planes, layout::HalfQ5_0Planes>),
+    Q8_0Narrow(Rows<layout::PackedQ8_0<NARROW>, layout::HalfQ8_0>),
+    Q4_0(Rows<layout::PackedQ4_0<NARROW>, layout::HalfQ4_0>),
+    Q4_1(Rows<layout::PackedQ4_1<NARROW>, layout::HalfQ4_1>),
 }
 
-/// Applies `$f` to the packed blocks, whatever their format.
+/// Applies `$f` to the packed rows, whatever their format.
 macro_rules! each_format {
     ($blocks:expr, $b:ident => $f:expr) => {
         match $blocks {
@@ -187,7 +187,7 @@ impl Packed {
             Source::Q4K(b) => Blocks::Q4KNarrow(layout::pack_q4k(b)),
             Source::Q6K(b) => Blocks::Q6KNarrow(layout::pack_q6k(b)),
             Source::Q5_0(b) => Blocks::Q5_0Planes(layout::pack_q5_0_planes(b, cols)),
-            Source::Q8_0(b) => Blocks::Q8_0Narrow(layout::pack_q8_0(b, cols)),
+            Source::Q8_0(b) => Blocks::Q8_0Narrow(layout::pack_q8_0_narrow(b, cols)),
             Source::Q4_0(b) => Blocks::Q4_0(layout::pack_q4_0(b, cols)),
             Source::Q4_1(b) => Blocks::Q4_1(layout::pack_q4_1(b, cols)),
         };
@@ -209,24 +209,18 @@ impl Packed {
     /// The weight rows `rows` (in that order) of a matrix of `cols` values per row: rows are
     /// stored one after another, so their blocks are copied as they are.
     pub fn select_rows(&self, rows: &[u32], cols: usize) -> Self {
-        fn pick<T: Clone>(blocks: &[T], rows: &[u32], kb: usize) -> Vec<T> {
-            rows.iter()
-                .flat_map(|&r| &blocks[r as usize * kb..(r as usize + 1) * kb])
-                .cloned()
-                .collect()
-        }
         let kb = cols.div_ceil(QK);
         let blocks = match &self.blocks {
-            Blocks::Q4K(b) => Blocks::Q4K(pick(b, rows, kb)),
-            Blocks::Q6K(b) => Blocks::Q6K(pick(b, rows, kb)),
-            Blocks::Q5_0(b) => Blocks::Q5_0(pick(b, rows, kb)),
-            Blocks::Q8_0(b) => Blocks::Q8_0(pick(b, rows, kb)),
-            Blocks::Q4KNarrow(b) => Blocks::Q4KNarrow(pick(b, rows, kb)),
-            Blocks::Q6KNarrow(b) => Blocks::Q6KNarrow(pick(b, rows, kb)),
-            Blocks::Q5_0Planes(b) => Blocks::Q5_0Planes(pick(b, rows, kb)),
-            Blocks::Q8_0Narrow(b) => Blocks::Q8_0Narrow(pick(b, rows, kb)),
-            Blocks::Q4_0(b) => Blocks::Q4_0(pick(b, rows, kb)),
-            Blocks::Q4_1(b) => Blocks::Q4_1(pick(b, rows, kb)),
+            Blocks::Q4K(b) => Blocks::Q4K(b.select(rows, kb)),
+            Blocks::Q6K(b) => Blocks::Q6K(b.select(rows, kb)),
+            Blocks::Q5_0(b) => Blocks::Q5_0(b.select(rows, kb)),
+            Blocks::Q8_0(b) => Blocks::Q8_0(b.select(rows, kb)),
+            Blocks::Q4KNarrow(b) => Blocks::Q4KNarrow(b.select(rows, kb)),
+            Blocks::Q6KNarrow(b) => Blocks::Q6KNarrow(b.select(rows, kb)),
+            Blocks::Q5_0Planes(b) => Blocks::Q5_0Planes(b.select(rows, kb)),
+            Blocks::Q8_0Narrow(b) => Blocks::Q8_0Narrow(b.select(rows, kb)),
+            Blocks::Q4_0(b) => Blocks::Q4_0(b.select(rows, kb)),
+            Blocks::Q4_1(b) => Blocks::Q4_1(b.select(rows, kb)),
         };
         Self {
             blocks,
@@ -239,8 +233,7 @@ impl Packed {
         let kb = dst.len().div_ceil(QK);
         let mut block = [0f32; QK];
         for (i, y) in dst.chunks_mut(QK).enumerate() {
-            let b = row * kb + i;
-            each_format!(&self.blocks, p => p[b].dequantize(&mut block));
+            each_format!(&self.blocks, p => p.dequantize(row, i, kb, &mut block));
             y.copy_from_slice(&block[..y.len()]);
         }
     }
@@ -258,16 +251,17 @@ impl Packed {
         unsafe {
             assert!(self.kernels.runs_here());
             match &self.blocks {
-                Blocks::Q4K(b) => avx512::matmul(b, mkn, lhs, dst),
-                Blocks::Q6K(b) => avx512::matmul(b, mkn, lhs, dst),
-                Blocks::Q5_0(b) => avx512::matmul(b, mkn, lhs, dst),
-                Blocks::Q8_0(b) => avx512::matmul(b, mkn, lhs, dst),
-                Blocks::Q4KNarrow(b) => avx2::matmul(b, mkn, lhs, dst),
-                Blocks::Q6KNarrow(b) => avx2::matmul(b, mkn, lhs, dst),
-                Blocks::Q5_0Planes(b) => avx2::matmul(b, mkn, lhs, dst),
-                Blocks::Q8_0Narrow(b) => avx2::matmul(b, mkn, lhs, dst),
-                Blocks::Q4_0(b) => avx2::matmul(b, mkn, lhs, dst),
-                Blocks::Q4_1(b) => avx2::matmul(b, mkn, lhs, dst),
+                // The AVX-512 layout keeps every row whole (`Rows::whole`).
+                Blocks::Q4K(b) => avx512::matmul(&b.blocks, mkn, lhs, dst),
+                Blocks::Q6K(b) => avx512::matmul(&b.blocks, mkn, lhs, dst),
+                Blocks::Q5_0(b) => avx512::matmul(&b.blocks, mkn, lhs, dst),
+                Blocks::Q8_0(b) => avx512::matmul(&b.blocks, mkn, lhs, dst),
+                Blocks::Q4KNarrow(b) => avx2::matmul(&b.blocks, &b.tails, mkn, lhs, dst),
+                Blocks::Q6KNarrow(b) => avx2::matmul(&b.blocks, &b.tails, mkn, lhs, dst),
+                Blocks::Q5_0Planes(b) => avx2::matmul(&b.blocks, &b.tails, mkn, lhs, dst),
+                Blocks::Q8_0Narrow(b) => avx2::matmul(&b.blocks, &b.tails, mkn, lhs, dst),
+                Blocks::Q4_0(b) => avx2::matmul(&b.blocks, &b.tails, mkn, lhs, dst),
+                Blocks::Q4_1(b) => avx2::matmul(&b.blocks, &b.tails, mkn, lhs, dst),
             }
         }
     }

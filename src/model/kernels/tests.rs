@@ -87,11 +87,68 @@ fn dequantizes_like_candle<T: GgmlType>(pack: Pack<T>, cols: usize) {
 fn repacked_blocks_dequantize_exactly_like_candle() {
     dequantizes_like_candle(Q4K, 512);
     dequantizes_like_candle(Q6K, 512);
-    // 11 blocks of 32: rows padded to 512 values.
-    dequantizes_like_candle(Q5_0, 352);
-    dequantizes_like_candle(Q8_0, 352);
-    dequantizes_like_candle(Q4_0, 352);
-    dequantizes_like_candle(Q4_1, 352);
+    // 11 blocks of 32 (the last packed block holds 96 values: stored in half size on AVX2)
+    // and 14 (192 values: padded).
+    for cols in [352, 448] {
+        dequantizes_like_candle(Q5_0, cols);
+        dequantizes_like_candle(Q8_0, cols);
+        dequantizes_like_candle(Q4_0, cols);
+        dequantizes_like_candle(Q4_1, cols);
+    }
+}
+
+/// A row's short last block, stored in half size on AVX2, multiplies bit for bit as the
+/// zero-padded block it replaces: the same rows padded with zero blocks to a multiple of 256
+/// values (stored whole) give the same outputs, for each of 1 to 19 activation rows. Also for
+/// rows of one short block alone (k = 96) and trimmed to a few of their rows.
+#[test]
+fn a_rows_short_last_block_multiplies_as_the_padded_block() {
+    fn same<T: GgmlType>(pack: Pack<T>, k: usize) {
+        let (n, m, padded) = (21, 19, k.next_multiple_of(QK));
+        let w: Vec<T> = blocks(n * k / T::BLCK_SIZE, 8);
+        let mut wide = Vec::with_capacity(n * padded / T::BLCK_SIZE);
+        for row in w.chunks(k / T::BLCK_SIZE) {
+            wide.extend_from_slice(row);
+            wide.resize(wide.len() + (padded - k) / T::BLCK_SIZE, T::zeros());
+        }
+        let lhs = random(m * k, 9);
+        let lhs_wide: Vec<f32> = lhs
+            .chunks(k)
+            .flat_map(|r| {
+                r.iter()
+                    .copied()
+                    .chain(std::iter::repeat_n(0.0, padded - k))
+            })
+            .collect();
+        let picked = [20u32, 3, 3, 0, 11];
+        for kernels in families() {
+            let what = format!("{kernels} {:?} k = {k}", T::DTYPE);
+            let (short, whole) = (
+                Packed::new(pack(&w), k, kernels),
+                Packed::new(pack(&wide), padded, kernels),
+            );
+            for rows in 1..=m {
+                let (mut a, mut b) = (vec![0f32; rows * n], vec![0f32; rows * n]);
+                short.matmul((rows, k, n), &lhs[..rows * k], &mut a);
+                whole.matmul((rows, padded, n), &lhs_wide[..rows * padded], &mut b);
+                assert!(a == b, "{what}, {rows} rows");
+            }
+            let (short, whole) = (
+                short.select_rows(&picked, k),
+                whole.select_rows(&picked, padded),
+            );
+            let (mut a, mut b) = (vec![0f32; m * picked.len()], vec![0f32; m * picked.len()]);
+            short.matmul((m, k, picked.len()), &lhs, &mut a);
+            whole.matmul((m, padded, picked.len()), &lhs_wide, &mut b);
+            assert!(a == b, "{what}, selected rows");
+        }
+    }
+    for k in [96, 352, 896, 2080] {
+        same(Q5_0, k);
+        same(Q8_0, k);
+        same(Q4_0, k);
+        same(Q4_1, k);
+    }
 }
 
 /// The kernels this CPU runs (the portable path multiplies candle's blocks, not these).
@@ -175,28 +232,32 @@ fn q6k_kernels_match_references() {
 
 #[test]
 fn q5_0_kernels_match_references() {
-    check(Q5_0, 352, None);
+    check(Q5_0, 352, None); // a short last block (96 values), stored in half size on AVX2
+    check(Q5_0, 448, None); // a last block of 192 values, padded
     check(Q5_0, 1024, None);
     check(Q5_0, 2080, None); // 9 packed blocks: 19 rows reduce in two slabs
 }
 
 #[test]
 fn q8_0_kernels_match_references() {
-    check(Q8_0, 352, None);
+    check(Q8_0, 352, None); // a short last block (96 values), stored in half size on AVX2
+    check(Q8_0, 448, None); // a last block of 192 values, padded
     check(Q8_0, 1024, None);
     check(Q8_0, 2080, None); // 9 packed blocks: 19 rows reduce in two slabs
 }
 
 #[test]
 fn q4_0_kernels_match_references() {
-    check(Q4_0, 352, None);
+    check(Q4_0, 352, None); // a short last block (96 values), stored in half size on AVX2
+    check(Q4_0, 448, None); // a last block of 192 values, padded
     check(Q4_0, 1024, None);
     check(Q4_0, 2080, None); // 9 packed blocks: 19 rows reduce in two slabs
 }
 
 #[test]
 fn q4_1_kernels_match_references() {
-    check(Q4_1, 352, None);
+    check(Q4_1, 352, None); // a short last block (96 values), stored in half size on AVX2
+    check(Q4_1, 448, None); // a last block of 192 values, padded
     check(Q4_1, 1024, None);
     check(Q4_1, 2080, None); // 9 packed blocks: 19 rows reduce in two slabs
 }
