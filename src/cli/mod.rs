@@ -8,7 +8,7 @@ pub mod serve;
 use anyhow::Result;
 use cascade::config::{Plan, RawConfig};
 use cascade::model::ModelStore;
-use indicatif::{ProgressBar, ProgressStyle};
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 
@@ -38,16 +38,23 @@ pub fn bar(style: &str) -> ProgressBar {
     )
 }
 
-/// Shows `done` of `total` steps of `what` on `bar`, which may have shown another task: its
-/// count starts over first, so that no frame shows one task's count against another's total.
+/// Shows `done` of `total` steps of `what` on `bar`, which may have shown another task (or
+/// none yet): a new task's label, count and total are set out of sight and drawn together, so
+/// that no frame shows one task's label or count against another's total (or against none).
 pub fn show_step(bar: &ProgressBar, what: &str, done: usize, total: usize) {
-    if bar.message() != what {
-        bar.set_position(0);
-        bar.set_length(total as u64);
+    let new_task = bar.message() != what && !bar.is_hidden();
+    if new_task {
+        bar.set_draw_target(ProgressDrawTarget::hidden());
         bar.set_message(what.to_string());
     }
-    bar.set_length(total as u64);
-    bar.set_position(done as u64);
+    bar.update(|state| {
+        state.set_len(total as u64);
+        state.set_pos(done as u64);
+    });
+    if new_task {
+        bar.set_draw_target(ProgressDrawTarget::stderr());
+        bar.tick();
+    }
 }
 
 /// Builds `plan`'s engine, models loaded through `store`, with a progress bar.
