@@ -226,13 +226,6 @@ pub(super) struct Rows<B, H = B> {
 }
 
 impl<B, H> Rows<B, H> {
-    /// Blocks per row in `blocks`, of the `kb` a row spans.
-    pub(super) fn per_row(&self, kb: usize) -> usize {
-        kb - usize::from(!self.tails.is_empty())
-    }
-}
-
-impl<B: Clone, H: Clone> Rows<B, H> {
     /// Rows of `kb` whole blocks each.
     pub(super) fn whole(blocks: Vec<B>) -> Self {
         Self {
@@ -241,6 +234,13 @@ impl<B: Clone, H: Clone> Rows<B, H> {
         }
     }
 
+    /// Blocks per row in `blocks`, of the `kb` a row spans.
+    pub(super) fn per_row(&self, kb: usize) -> usize {
+        kb - usize::from(!self.tails.is_empty())
+    }
+}
+
+impl<B: Clone, H: Clone> Rows<B, H> {
     /// Rows `rows` (in that order) of rows spanning `kb` blocks.
     pub(super) fn select(&self, rows: &[u32], kb: usize) -> Self {
         let per_row = self.per_row(kb);
@@ -273,28 +273,19 @@ impl<B: PackedBlock, H: PackedBlock> Rows<B, H> {
 
 /// Rows of `cols` values packed `kb = cols.div_ceil(256)` blocks a row, with each row's last
 /// block kept apart in half size if it holds at most 128 values.
-fn split_tails<B: Halves>(packed: Vec<B>, cols: usize) -> Rows<B, B::Half> {
+fn split_tails<B: Halves + Clone>(packed: Vec<B>, cols: usize) -> Rows<B, B::Half> {
     if !(1..=QK / 2).contains(&(cols % QK)) {
-        return Rows {
-            blocks: packed,
-            tails: Vec::new(),
-        };
+        return Rows::whole(packed);
     }
     let kb = cols.div_ceil(QK);
-    let mut rows = Rows {
-        blocks: Vec::with_capacity(packed.len() / kb * (kb - 1)),
-        tails: Vec::with_capacity(packed.len() / kb),
-    };
-    let mut packed = packed.into_iter();
-    while let Some(first) = packed.next() {
-        let mut row: Vec<B> = std::iter::once(first)
-            .chain(packed.by_ref().take(kb - 1))
-            .collect();
-        let last = row.pop().expect("a row has kb >= 1 blocks");
-        rows.tails.push(last.low());
-        rows.blocks.extend(row);
+    let (full, tails) = packed
+        .chunks_exact(kb)
+        .map(|row| (&row[..kb - 1], row[kb - 1].low()))
+        .unzip::<_, _, Vec<_>, Vec<_>>();
+    Rows {
+        blocks: full.concat(),
+        tails,
     }
-    rows
 }
 
 /// Lanes 0-3 of a [`PackedQ5_0Planes`] ([`Halves`]).
