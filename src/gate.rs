@@ -108,8 +108,8 @@ pub const TYPICAL_ANSWER: usize = 128;
 /// run `g` more), at least [`TYPICAL_ANSWER`], at most `remaining`. Bounding a catch-up by this
 /// instead of `remaining` keeps a large `max_new_tokens` from paying for reading a long prompt
 /// whose answer is short. The drafter is asked again in later rounds and reads the text once
-/// [`INVEST_SHARE`] of the time spent so far outweighs the reading (the break-even rule of
-/// renting versus buying), which also grows with the text.
+/// [`INVEST_SHARE`] of the time the tokens out so far take at the recent rate outweighs the
+/// reading (the break-even rule of renting versus buying), which also grows with the text.
 pub fn expected_remaining(generated: usize, remaining: usize) -> usize {
     remaining.min(generated.max(TYPICAL_ANSWER))
 }

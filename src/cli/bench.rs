@@ -1,7 +1,7 @@
 //! `cascade bench`, `cascade plan` and `cascade calibrate`.
 
 use super::generate::SamplingArgs;
-use super::{bar, label, load_plan, show_step};
+use super::{bar, label, load_plan, Steps};
 use anyhow::{bail, Context, Result};
 use cascade::bench::{self, BenchConfig, BenchOptions, Report};
 use cascade::config::RawConfig;
@@ -269,13 +269,13 @@ pub fn calibrate(args: CalibrateArgs) -> Result<()> {
     for path in &args.configs {
         let plan = load_plan(path, &RawConfig::load(path)?)?;
         for m in plan.models() {
-            let bar = bar("{msg:>50} [{bar:30}] {pos}/{len}");
+            let mut steps = Steps::new();
             let label = cascade::config::file_label(&m.path);
             let what = format!("loading {label}");
             let loaded = store.load(&m.path, m.tokenizer.as_deref(), &mut |d, t| {
-                show_step(&bar, &what, d, t)
+                steps.show(&what, d, t)
             })?;
-            bar.finish_and_clear();
+            steps.finish();
             if !models
                 .iter()
                 .any(|x: &Arc<cascade::model::LoadedModel>| x.path == loaded.path)

@@ -8,7 +8,7 @@ pub mod serve;
 use anyhow::Result;
 use cascade::config::{Plan, RawConfig};
 use cascade::model::ModelStore;
-use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use indicatif::{ProgressBar, ProgressStyle};
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 
@@ -24,45 +24,65 @@ pub fn label(path: &Path) -> String {
         .map_or("config".into(), |s| s.to_string_lossy().into_owned())
 }
 
-/// A progress bar in `style`, hidden when standard error is not a terminal.
-pub fn bar(style: &str) -> ProgressBar {
+/// A progress bar in `template`, hidden when standard error is not a terminal.
+pub fn bar(template: &str) -> ProgressBar {
     let bar = if std::io::stderr().is_terminal() {
         ProgressBar::new(0)
     } else {
         ProgressBar::hidden()
     };
-    bar.with_style(
-        ProgressStyle::with_template(style)
-            .expect("a valid template")
-            .progress_chars("=> "),
-    )
+    bar.with_style(style(template))
 }
 
-/// Shows `done` of `total` steps of `what` on `bar`, which may have shown another task (or
-/// none yet): a new task's label, count and total are set out of sight and drawn together, so
-/// that no frame shows one task's label or count against another's total (or against none).
-pub fn show_step(bar: &ProgressBar, what: &str, done: usize, total: usize) {
-    let new_task = bar.message() != what && !bar.is_hidden();
-    if new_task {
-        bar.set_draw_target(ProgressDrawTarget::hidden());
-        bar.set_message(what.to_string());
+fn style(template: &str) -> ProgressStyle {
+    ProgressStyle::with_template(template)
+        .expect("a valid template")
+        .progress_chars("=> ")
+}
+
+/// A progress bar over the steps of successive tasks (loading one model, then the next).
+pub struct Steps {
+    bar: ProgressBar,
+    task: String,
+}
+
+impl Steps {
+    /// A hidden bar when standard error is not a terminal.
+    pub fn new() -> Self {
+        Self {
+            bar: bar(""),
+            task: String::new(),
+        }
     }
-    bar.update(|state| {
-        state.set_len(total as u64);
-        state.set_pos(done as u64);
-    });
-    if new_task {
-        bar.set_draw_target(ProgressDrawTarget::stderr());
-        bar.tick();
+
+    /// Shows `done` of `total` steps of `what`. A new task's label goes into the bar's style,
+    /// which changes without drawing, and is drawn with its count and total in one frame: no
+    /// frame shows one task's label or count against another's total (or against none).
+    pub fn show(&mut self, what: &str, done: usize, total: usize) {
+        if self.task != what {
+            let label = format!("{what:>50}").replace('{', "{{").replace('}', "}}");
+            self.bar
+                .set_style(style(&format!("{label} [{{bar:30}}] {{pos}}/{{len}}")));
+            self.task = what.to_string();
+        }
+        self.bar.update(|state| {
+            state.set_len(total as u64);
+            state.set_pos(done as u64);
+        });
+    }
+
+    /// Clears the bar.
+    pub fn finish(self) {
+        self.bar.finish_and_clear();
     }
 }
 
 /// Builds `plan`'s engine, models loaded through `store`, with a progress bar.
 pub fn build(plan: &Plan, store: &mut ModelStore) -> Result<cascade::engine::Engine> {
-    let bar = bar("{msg:>50} [{bar:30}] {pos}/{len}");
+    let mut steps = Steps::new();
     let engine = plan.build_with(store, &mut |what, done, total| {
-        show_step(&bar, what, done, total)
+        steps.show(what, done, total)
     })?;
-    bar.finish_and_clear();
+    steps.finish();
     Ok(engine)
 }

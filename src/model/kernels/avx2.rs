@@ -48,6 +48,7 @@ pub(super) unsafe fn matmul<B, H>(
     B: Block + Sync,
     H: Block<Unpacked = B::Unpacked> + Sync,
 {
+    const { assert!(B::PER32 == H::PER32) };
     let kb = k.div_ceil(QK);
     let full = kb - usize::from(!tails.is_empty());
     assert!(w.len() >= n * full && (tails.is_empty() || tails.len() >= n) && lhs.len() == m * k);
@@ -62,7 +63,8 @@ pub(super) unsafe fn matmul<B, H>(
 }
 
 /// A matrix's weight rows: `full` blocks each in `w`, then each row's last block in `tails`
-/// if that is not empty.
+/// if that is not empty. Both unpack into the same registers, which `B::dot` multiplies (a
+/// half block's `dot` is its whole block's: `per32_blocks!`).
 struct Weights<'a, B, H> {
     w: &'a [B],
     tails: &'a [H],
@@ -238,8 +240,10 @@ trait Lanes {
 /// All eight lanes: 32 bytes a vector, eight scales.
 struct Whole;
 
-/// Lanes 0-3: 16 bytes a vector, four scales; lanes 4-7 read as zeros, scales included, which
-/// is what the padding they replace held.
+/// Lanes 0-3: 16 bytes a vector, four scales; lanes 4-7 read as zeros, scales included. The
+/// padding they replace held zero scales too (and zero values, or for Q8_0, stored plus 128,
+/// the byte 0x80 where a zero read gives -128): against the zero activations of those lanes
+/// every product, sum and scaled term is the same.
 struct Low;
 
 impl Lanes for Whole {

@@ -206,14 +206,16 @@ fn whole_scales(d: &[u16; 4]) -> [u16; 8] {
 /// An AVX2 block of a per-32 format whose lanes 0-3 (its first four 32-value blocks) can be
 /// stored alone: the last block of a row whose last 256 values hold at most 128, where lanes
 /// 4-7 are padding, with zero scales, facing zero activations. The kernels read such a half
-/// with 16-byte loads that zero lanes 4-7, scales included, so every product and sum comes out
-/// as the padded block's did, bit for bit.
+/// with 16-byte loads that zero lanes 4-7, scales included; the weights read there differ
+/// from the padding's (Q8_0's are stored plus 128) but meet zero activations, so every product
+/// and sum comes out as the padded block's did, bit for bit.
 pub(super) trait Halves: Sized {
     /// Lanes 0-3 alone.
     type Half;
     /// The block's lanes 0-3.
     fn low(&self) -> Self::Half;
-    /// The block of `half` and zero padding (which is what [`Halves::low`] dropped).
+    /// The block of `half` with lanes 4-7 zero bytes: zero scales, so they dequantize to zeros
+    /// (signed, for Q8_0) as the padding [`Halves::low`] dropped did; only lanes 0-3 are read.
     fn widen(half: &Self::Half) -> Self;
 }
 
