@@ -307,14 +307,16 @@ impl Engine {
             {
                 break FinishReason::Cancelled;
             }
-            // Never draft past max_new_tokens (the bonus token counts) or the target's context.
+            // Never draft past max_new_tokens or the target's context: the bonus token counts
+            // against both.
             let k = opts
                 .k
                 .min(opts.max_new_tokens - generated.len() - 1)
-                .min(max_len - context.len());
+                .min(max_len - context.len() - 1);
             let drafter = self.drafter.as_deref_mut();
-            self.target
-                .set_horizon(generated.len(), opts.max_new_tokens - generated.len());
+            // What may still come out: bounded by max_new_tokens and by the context's room.
+            let room = (opts.max_new_tokens - generated.len()).min(max_len - context.len());
+            self.target.set_horizon(generated.len(), room);
             let round_start = Instant::now();
             let round = self
                 .target

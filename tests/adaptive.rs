@@ -84,3 +84,30 @@ fn a_draft_model_reads_a_long_prompt_only_if_the_generation_can_repay_it() {
         }
     }
 }
+
+/// Reading a 200-token prompt (0.1 s) is worth it for an answer expected to run 128 tokens
+/// (1.28 s of decoding) but not when the target's context has room for only 30 more (0.3 s),
+/// whatever `max_new_tokens` allows.
+#[test]
+fn a_nearly_full_context_does_not_pay_for_reading_the_prompt() {
+    let prompt: Vec<u32> = (0..200).map(|i| (i * 3 % VOCAB) as u32).collect();
+    let generate = |drafter: Option<Box<dyn Drafter>>, context: usize| {
+        let mut target = ToyModel::new(5, VOCAB, 6.0);
+        target.max_len = context;
+        let mut e = Engine::new(Box::new(target), drafter, toy_tokenizer(VOCAB))
+            .with_adaptive(verify_cost(), &[]);
+        let opts = GenerateOptions {
+            max_new_tokens: 1000,
+            ignore_eos: true,
+            ..Default::default()
+        };
+        e.generate(&prompt, &opts, &mut |_| {}).unwrap()
+    };
+    for (context, reads) in [(4096, true), (230, false)] {
+        let plain = generate(None, context);
+        let g = generate(Some(Box::new(neural())), context);
+        assert_eq!(g.tokens, plain.tokens, "context {context}");
+        let calls = g.drafter.as_ref().unwrap().forward_calls;
+        assert_eq!(calls > 0, reads, "context {context}: {calls} forward calls");
+    }
+}

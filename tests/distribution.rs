@@ -215,6 +215,38 @@ fn greedy_speculative_output_is_the_targets_argmax_chain() {
     }
 }
 
+/// At the target's context limit a round's drafts and bonus token stop exactly where plain
+/// decoding stops: a drafter that is always right (the target itself) cannot push the output
+/// past the context by its bonus token.
+#[test]
+fn greedy_speculative_output_stops_at_the_context_limit_as_plain_decoding_does() {
+    for room in [1, 2, 5, 6] {
+        let limited = || {
+            let mut t = target();
+            t.max_len = PROMPT.len() + room;
+            Box::new(t)
+        };
+        let opts = |k| GenerateOptions {
+            max_new_tokens: 100,
+            k,
+            ..Default::default()
+        };
+        let mut plain = Engine::new(limited(), None, toy_tokenizer(VOCAB));
+        let expected = plain.generate(&PROMPT, &opts(1), &mut |_| {}).unwrap();
+        assert_eq!(expected.tokens.len(), room);
+        for k in [1, 4, 8] {
+            let d = Box::new(NeuralDrafter::new("same", Box::new(target())));
+            let mut e = Engine::new(limited(), Some(d), toy_tokenizer(VOCAB));
+            let out = e.generate(&PROMPT, &opts(k), &mut |_| {}).unwrap();
+            assert_eq!(out.tokens, expected.tokens, "room {room}, K={k}");
+            assert_eq!(
+                out.finish_reason, expected.finish_reason,
+                "room {room}, K={k}"
+            );
+        }
+    }
+}
+
 /// On rejection, samples from p instead of the residual max(0, p - q): a classic mistake.
 fn review_without_residual(
     draft: &[u32],
