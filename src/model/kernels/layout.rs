@@ -251,12 +251,12 @@ impl<B: Clone, H: Clone> Rows<B, H> {
             .flat_map(|&r| &self.blocks[r as usize * per_row..(r as usize + 1) * per_row])
             .cloned()
             .collect();
-        let tails = match self.tails.is_empty() {
-            true => Vec::new(),
-            false => rows
-                .iter()
+        let tails = if self.tails.is_empty() {
+            Vec::new()
+        } else {
+            rows.iter()
                 .map(|&r| self.tails[r as usize].clone())
-                .collect(),
+                .collect()
         };
         Self { blocks, tails }
     }
@@ -266,9 +266,10 @@ impl<B: PackedBlock, H: PackedBlock> Rows<B, H> {
     /// Dequantizes block `i` of row `row` (of rows spanning `kb` blocks).
     pub(super) fn dequantize(&self, row: usize, i: usize, kb: usize, y: &mut [f32; QK]) {
         let per_row = self.per_row(kb);
-        match i < per_row {
-            true => self.blocks[row * per_row + i].dequantize(y),
-            false => self.tails[row].dequantize(y),
+        if i < per_row {
+            self.blocks[row * per_row + i].dequantize(y)
+        } else {
+            self.tails[row].dequantize(y)
         }
     }
 }
@@ -290,110 +291,30 @@ fn split_tails<B: Halves + Clone>(packed: Vec<B>, cols: usize) -> Rows<B, B::Hal
     }
 }
 
-/// Lanes 0-3 of a [`PackedQ5_0Planes`] ([`Halves`]).
-#[derive(Clone)]
-#[repr(C)]
-pub struct HalfQ5_0Planes {
-    pub(super) d: [u16; 4],
-    pub(super) qs: [u8; 64],
-    pub(super) qh: [u8; 16],
-}
-
-/// Lanes 0-3 of a [`PackedQ8_0`] in the [`NARROW`] layout ([`Halves`]).
-#[derive(Clone)]
-#[repr(C)]
-pub struct HalfQ8_0 {
-    pub(super) d: [u16; 4],
-    pub(super) qs: [u8; 128],
-}
-
-/// Lanes 0-3 of a [`PackedQ4_0`] in the [`NARROW`] layout ([`Halves`]).
-#[derive(Clone)]
-#[repr(C)]
-pub struct HalfQ4_0 {
-    pub(super) d: [u16; 4],
-    pub(super) qs: [u8; 64],
-}
-
-/// Lanes 0-3 of a [`PackedQ4_1`] in the [`NARROW`] layout ([`Halves`]).
-#[derive(Clone)]
-#[repr(C)]
-pub struct HalfQ4_1 {
-    pub(super) d: [u16; 4],
-    pub(super) m: [u16; 4],
-    pub(super) qs: [u8; 64],
-}
-
-impl Halves for PackedQ5_0Planes {
-    type Half = HalfQ5_0Planes;
-    fn low(&self) -> HalfQ5_0Planes {
-        HalfQ5_0Planes {
-            d: low_scales(&self.d),
-            qs: low_lanes(&self.qs),
-            qh: low_lanes(&self.qh),
+/// Defines the half of a per-32 block ([`Halves`]): its scale arrays (four of eight kept)
+/// and its vector arrays (lanes 0-3, half the bytes), dequantized through the whole block.
+macro_rules! halves {
+    ($($(#[$doc:meta])* $half:ident of $whole:ty {
+        scales: $($s:ident),+; lanes: $($l:ident: $n:literal),+
+    })*) => {$(
+        $(#[$doc])*
+        #[derive(Clone)]
+        #[repr(C)]
+        pub struct $half {
+            $(pub(super) $s: [u16; 4],)+
+            $(pub(super) $l: [u8; $n],)+
         }
-    }
-    fn widen(h: &HalfQ5_0Planes) -> Self {
-        Self {
-            d: whole_scales(&h.d),
-            qs: whole_lanes(&h.qs),
-            qh: whole_lanes(&h.qh),
-        }
-    }
-}
 
-impl Halves for PackedQ8_0<NARROW> {
-    type Half = HalfQ8_0;
-    fn low(&self) -> HalfQ8_0 {
-        HalfQ8_0 {
-            d: low_scales(&self.d),
-            qs: low_lanes(&self.qs),
+        impl Halves for $whole {
+            type Half = $half;
+            fn low(&self) -> $half {
+                $half { $($s: low_scales(&self.$s),)+ $($l: low_lanes(&self.$l),)+ }
+            }
+            fn widen(h: &$half) -> Self {
+                Self { $($s: whole_scales(&h.$s),)+ $($l: whole_lanes(&h.$l),)+ }
+            }
         }
-    }
-    fn widen(h: &HalfQ8_0) -> Self {
-        Self {
-            d: whole_scales(&h.d),
-            qs: whole_lanes(&h.qs),
-        }
-    }
-}
 
-impl Halves for PackedQ4_0<NARROW> {
-    type Half = HalfQ4_0;
-    fn low(&self) -> HalfQ4_0 {
-        HalfQ4_0 {
-            d: low_scales(&self.d),
-            qs: low_lanes(&self.qs),
-        }
-    }
-    fn widen(h: &HalfQ4_0) -> Self {
-        Self {
-            d: whole_scales(&h.d),
-            qs: whole_lanes(&h.qs),
-        }
-    }
-}
-
-impl Halves for PackedQ4_1<NARROW> {
-    type Half = HalfQ4_1;
-    fn low(&self) -> HalfQ4_1 {
-        HalfQ4_1 {
-            d: low_scales(&self.d),
-            m: low_scales(&self.m),
-            qs: low_lanes(&self.qs),
-        }
-    }
-    fn widen(h: &HalfQ4_1) -> Self {
-        Self {
-            d: whole_scales(&h.d),
-            m: whole_scales(&h.m),
-            qs: whole_lanes(&h.qs),
-        }
-    }
-}
-
-macro_rules! dequantize_halves {
-    ($($half:ty => $whole:ty),*) => {$(
         impl PackedBlock for $half {
             fn dequantize(&self, y: &mut [f32; QK]) {
                 <$whole as Halves>::widen(self).dequantize(y)
@@ -401,12 +322,17 @@ macro_rules! dequantize_halves {
         }
     )*};
 }
-dequantize_halves!(
-    HalfQ5_0Planes => PackedQ5_0Planes,
-    HalfQ8_0 => PackedQ8_0<NARROW>,
-    HalfQ4_0 => PackedQ4_0<NARROW>,
-    HalfQ4_1 => PackedQ4_1<NARROW>
-);
+
+halves! {
+    /// Lanes 0-3 of a [`PackedQ5_0Planes`].
+    HalfQ5_0Planes of PackedQ5_0Planes { scales: d; lanes: qs: 64, qh: 16 }
+    /// Lanes 0-3 of a [`PackedQ8_0`] in the [`NARROW`] layout.
+    HalfQ8_0 of PackedQ8_0<NARROW> { scales: d; lanes: qs: 128 }
+    /// Lanes 0-3 of a [`PackedQ4_0`] in the [`NARROW`] layout.
+    HalfQ4_0 of PackedQ4_0<NARROW> { scales: d; lanes: qs: 64 }
+    /// Lanes 0-3 of a [`PackedQ4_1`] in the [`NARROW`] layout.
+    HalfQ4_1 of PackedQ4_1<NARROW> { scales: d, m; lanes: qs: 64 }
+}
 
 /// The values (0..16) of a candle Q4_K block: 64-value chunks, low nibbles then high nibbles.
 fn q4k_values(b: &Q4K) -> Values {
