@@ -4,13 +4,16 @@
 //!
 //! AVX2 has no 8-bit dot product into 32 bits. `vpmaddubsw` multiplies unsigned weight bytes
 //! by signed activation bytes and adds adjacent pairs into 16 bits, saturating; `vpmaddwd`
-//! then widens pairs to 32 bits. The widening costs as much as the products, so the kernels
-//! add the 16-bit products of several vectors first, as far as no sum can overflow: with
-//! activations in -127..=127, a 16-bit product of weights below `w` is at most `2 * 127 * w`,
-//! so all eight vectors of 4-bit weights fit (8 * 3,810 < 32,768), four of 5-bit Q5_0 weights,
-//! two of 6-bit Q6_K weights, and Q8_0 weights (signed) take the usual sign transfer (`|w|`
-//! times the activation with the sign of `w`) one vector at a time. Q4_K and Q6_K multiply
-//! their integer sub-block scales into the widening itself.
+//! then widens pairs to 32 bits. The widening costs as much as the products (both run on one
+//! port of many CPUs), so the kernels add the 16-bit products of several vectors first, as
+//! far as the result fits: with activations in -127..=127, a 16-bit product of weights of
+//! magnitude at most `w` is at most `2 * 127 * w`, so all eight vectors of 4-bit weights fit
+//! (8 * 3,810 < 32,768). Weights stored plus an offset (Q6_K 32, Q5_0 16, Q4_0 8) have the
+//! offset's share taken off in 16 bits ([`ActBlock::offsets`]), which leaves the products of
+//! their true values, half as large: eight vectors of Q5_0 and Q4_0 fit, and four of Q6_K
+//! (whose two 16-value halves of a lane have their own scales). Q8_0 weights (signed) take
+//! the usual sign transfer (`|w|` times the activation with the sign of `w`) one vector at a
+//! time. Q4_K and Q6_K multiply their integer sub-block scales into the widening itself.
 //!
 //! A weight block is unpacked into registers once ([`Block::unpack`]) and then multiplied by
 //! every activation row's block ([`Block::dot`]). Each (weight row, activation row) pair goes
@@ -48,11 +51,11 @@ pub(super) unsafe fn matmul<B, H>(
     B: Block + Sync,
     H: Block<Unpacked = B::Unpacked> + Sync,
 {
-    const { assert!(B::PER32 == H::PER32) };
+    const { assert!(B::PER32 == H::PER32 && B::OFFSET == H::OFFSET) };
     let kb = k.div_ceil(QK);
     let full = kb - usize::from(!tails.is_empty());
     assert!(w.len() >= n * full && (tails.is_empty() || tails.len() >= n) && lhs.len() == m * k);
-    let acts = ActBlock::quantize(lhs, m, k, B::PER32);
+    let acts = ActBlock::quantize::<B>(lhs, m, k);
     let slab = slab(m, kb);
     let w = Weights { w, tails, full };
     for_each_output(m, n, dst, |js, r0, rows, out| {
@@ -91,8 +94,9 @@ impl<B: Block, H: Block<Unpacked = B::Unpacked>> Weights<'_, B, H> {
     }
 }
 
-/// 256 activations quantized to 8 bits, in the [`NARROW`] layout, with the integer sum of
-/// each 16-value group and the sum of each 32 values times its scale (for mins and offsets).
+/// 256 activations quantized to 8 bits, in the [`NARROW`] layout, with the sum of each 32
+/// values times its scale (for mins) and, for weights stored plus an offset, what the offset
+/// adds to each 16-bit product.
 ///
 /// Formats with one weight scale per 256 values (Q4_K, Q6_K) take one activation scale per
 /// block, as the AVX-512 kernels and candle's Q8_K do. Formats with one scale per 32 (Q4_0,
@@ -101,7 +105,13 @@ impl<B: Block, H: Block<Unpacked = B::Unpacked>> Weights<'_, B, H> {
 #[repr(C, align(32))]
 pub(super) struct ActBlock {
     qs: [i8; QK],
-    bsums: [i16; 16],
+    /// For vectors 0-3 and 4-7: the weights' storage offset ([`Block::OFFSET`]) times the
+    /// activation pair under each 16-bit product of `vpmaddubsw`, summed over the four
+    /// vectors. Subtracted from the summed products, it leaves the products of the weights'
+    /// true (signed) values, which are small enough for four (Q6_K) or eight vectors (Q5_0,
+    /// Q4_0) to add up in 16 bits: one widening per block or half instead of one per pair of
+    /// vectors and another for the offset.
+    offsets: [[i16; 16]; 2],
     sums32: [f32; 8],
     /// The scale of each 32 values (all `d` with one scale per block).
     d32: [f32; 8],
@@ -110,18 +120,19 @@ pub(super) struct ActBlock {
 
 impl ActBlock {
     /// Quantizes `m` rows of `k` values, block by block (a row's last block padded with zeros,
-    /// as the weights are), with one scale per 32 values if `per32`, else one per block.
+    /// as the weights are), for weights of format `B`: one scale per 32 values if
+    /// [`Block::PER32`], else one per block.
     ///
     /// # Safety
     /// The CPU must have AVX2.
-    unsafe fn quantize(lhs: &[f32], m: usize, k: usize, per32: bool) -> Vec<ActBlock> {
+    unsafe fn quantize<B: Block>(lhs: &[f32], m: usize, k: usize) -> Vec<ActBlock> {
         let mut out = Vec::with_capacity(m * k.div_ceil(QK));
         for row in lhs.chunks_exact(k) {
             for x in row.chunks(QK) {
                 let mut padded = [0f32; QK];
                 padded[..x.len()].copy_from_slice(x);
                 // SAFETY: the caller guarantees the CPU features.
-                out.push(unsafe { Self::quantize_block(&padded, per32) });
+                out.push(unsafe { Self::quantize_block(&padded, B::PER32, B::OFFSET) });
             }
         }
         out
@@ -130,7 +141,7 @@ impl ActBlock {
     /// # Safety
     /// The CPU must have AVX2.
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn quantize_block(x: &[f32; QK], per32: bool) -> ActBlock {
+    unsafe fn quantize_block(x: &[f32; QK], per32: bool, offset: i16) -> ActBlock {
         let p = x.as_ptr();
         let sign = _mm256_set1_ps(-0.0);
         // The largest magnitude of each 32 values (max is exact, so the block's is theirs).
@@ -148,7 +159,7 @@ impl ActBlock {
         let d32 = amax32.map(|a| a / 127.0);
         let mut block = ActBlock {
             qs: [0; QK],
-            bsums: [0; 16],
+            offsets: [[0; 16]; 2],
             sums32: [0.0; 8],
             d32,
             d: amax / 127.0,
@@ -169,12 +180,13 @@ impl ActBlock {
             let q: [i32; 32] = std::mem::transmute(q);
             for (z, four) in q.chunks_exact(4).enumerate() {
                 *lanes.add(8 * z + l) = std::array::from_fn(|i| four[i] as i8);
+                // The pairs (0, 1) and (2, 3) of the four are the 16-bit products 2l and
+                // 2l + 1 of vector z, which is in half z / 4.
+                let pairs = &mut block.offsets[z / 4][2 * l..2 * l + 2];
+                pairs[0] += offset * (four[0] + four[1]) as i16;
+                pairs[1] += offset * (four[2] + four[3]) as i16;
             }
-            for (h, half) in q.chunks_exact(16).enumerate() {
-                block.bsums[2 * l + h] = half.iter().sum::<i32>() as i16;
-            }
-            let ints = block.bsums[2 * l] as i32 + block.bsums[2 * l + 1] as i32;
-            block.sums32[l] = ints as f32 * d32[l];
+            block.sums32[l] = q.iter().sum::<i32>() as f32 * d32[l];
         }
         block
     }
@@ -185,6 +197,9 @@ impl ActBlock {
 pub(super) trait Block {
     /// One weight scale per 32 values: activations take one per 32 too ([`ActBlock`]).
     const PER32: bool = false;
+    /// What the values are stored plus, if the kernel takes it off in 16 bits with
+    /// [`ActBlock::offsets`] (0 otherwise).
+    const OFFSET: i16 = 0;
     /// The block in registers: its eight value vectors and its scales.
     type Unpacked;
 
@@ -305,7 +320,7 @@ unsafe fn nibbles<L: Lanes>(qs: *const u8) -> [__m256i; 8] {
     w
 }
 
-/// `acc + (ints · scale) - sums32 · offset`, per lane.
+/// `acc + (ints · scale) - sums32 · offset`, per lane (Q4_K: the offset is its min).
 ///
 /// # Safety
 /// The CPU must have AVX2 and FMA.
@@ -323,21 +338,43 @@ unsafe fn finish(
 }
 
 /// A block of a format with one scale per 32 values (Q4_0, Q4_1, Q5_0, Q8_0) in registers:
-/// the value vectors, the scale per lane, and the offset per unit of activation sum.
+/// the value vectors, the scale per lane, and (Q4_1) the min per unit of activation sum.
 pub(super) struct Unpacked32 {
     w: [__m256i; 8],
     scale: __m256,
-    offset: __m256,
+    min: __m256,
 }
 
-/// `acc` plus the products of a per-32 format whose lane sums are `ints`.
+/// `acc` plus the products of a per-32 format whose lane sums are `ints`, without the min.
 ///
 /// # Safety
 /// The CPU must have AVX2 and FMA.
 #[inline(always)]
-unsafe fn finish32(u: &Unpacked32, ints: __m256i, a: &ActBlock, acc: __m256) -> __m256 {
+unsafe fn scaled32(u: &Unpacked32, ints: __m256i, a: &ActBlock, acc: __m256) -> __m256 {
     let scale = _mm256_mul_ps(u.scale, _mm256_load_ps(a.d32.as_ptr()));
-    finish(ints, scale, u.offset, a, acc)
+    _mm256_fmadd_ps(_mm256_cvtepi32_ps(ints), scale, acc)
+}
+
+/// The 16-bit products of a block's eight vectors with `a`, less the storage offset's part
+/// ([`ActBlock::offsets`]): the products of the true values, for formats whose true values
+/// times 16 activations fit in 16 bits (Q5_0, Q4_0: at most 16 * 16 * 127 = 32,512).
+///
+/// # Safety
+/// The CPU must have AVX2.
+#[inline(always)]
+unsafe fn centered_products(w: &[__m256i; 8], a: &ActBlock) -> __m256i {
+    // The 16-bit sums may wrap on the way; the result is in range, so it is exact.
+    let sum = _mm256_sub_epi16(products(w, a, 0), offsets(a, 0));
+    _mm256_sub_epi16(sum, offsets(a, 1))
+}
+
+/// [`ActBlock::offsets`] of vectors 0-3 (`half` 0) or 4-7 (1).
+///
+/// # Safety
+/// The CPU must have AVX2; `half < 2`.
+#[inline(always)]
+unsafe fn offsets(a: &ActBlock, half: usize) -> __m256i {
+    _mm256_load_si256(a.offsets.as_ptr().add(half) as *const _)
 }
 
 /// A Q4_K block in registers: values, the integer scale per lane (twice, for `vpmaddwd`),
@@ -375,17 +412,16 @@ impl Block for PackedQ4K<NARROW> {
 }
 
 /// A Q6_K block in registers: values, the integer scales of each lane's first and second 16
-/// values (twice per lane, for `vpmaddwd`), 32 times every scale (for the offset of values
-/// stored plus 32) and `d`.
+/// values (twice per lane, for `vpmaddwd`) and `d`.
 pub(super) struct UnpackedQ6K {
     w: [__m256i; 8],
     first: __m256i,
     second: __m256i,
-    offset: __m256i,
     d: __m256,
 }
 
 impl Block for PackedQ6K<NARROW> {
+    const OFFSET: i16 = 32;
     type Unpacked = UnpackedQ6K;
 
     #[inline(always)]
@@ -417,22 +453,20 @@ impl Block for PackedQ6K<NARROW> {
             w,
             first: _mm256_shuffle_epi8(sc, even),
             second: _mm256_shuffle_epi8(sc, odd),
-            offset: _mm256_slli_epi16(sc, 5),
             d: _mm256_set1_ps(super::layout::f16_to_f32(self.d)),
         }
     }
 
     #[inline(always)]
     unsafe fn dot(u: &UnpackedQ6K, a: &ActBlock, acc: __m256) -> __m256 {
-        let part =
-            |i: usize, s: __m256i| _mm256_madd_epi16(products(&u.w[2 * i..2 * i + 2], a, 2 * i), s);
-        let sums = _mm256_add_epi32(
-            _mm256_add_epi32(part(0, u.first), part(1, u.first)),
-            _mm256_add_epi32(part(2, u.second), part(3, u.second)),
-        );
-        // Values are stored plus 32: subtract 32 * scale * (group sum) in integers.
-        let bsums = _mm256_load_si256(a.bsums.as_ptr() as *const _);
-        let ints = _mm256_sub_epi32(sums, _mm256_madd_epi16(bsums, u.offset));
+        // Each half's products less the offset's are those of the true values (-32..=31),
+        // whose four vectors sum to at most 4 * 2 * 32 * 127 = 32,512 in magnitude: exact in
+        // 16 bits (wrapping on the way), then widened with the half's scales.
+        let half = |h: usize, s: __m256i| {
+            let sum = _mm256_sub_epi16(products(&u.w[4 * h..4 * h + 4], a, 4 * h), offsets(a, h));
+            _mm256_madd_epi16(sum, s)
+        };
+        let ints = _mm256_add_epi32(half(0, u.first), half(1, u.second));
         let scale = _mm256_mul_ps(u.d, _mm256_broadcast_ss(&a.d));
         _mm256_fmadd_ps(_mm256_cvtepi32_ps(ints), scale, acc)
     }
@@ -458,27 +492,22 @@ unsafe fn unpack_q5_0<L: Lanes>(qs: *const u8, qh: *const u8, d: *const u16) -> 
         _ => _mm256_srli_epi16(planes, 3),
     };
     let bit4 = _mm256_set1_epi8(0x10);
-    let d = L::scales(d);
     Unpacked32 {
         w: std::array::from_fn(|z| _mm256_or_si256(low[z], _mm256_and_si256(high(z), bit4))),
-        scale: d,
-        // Values are stored plus 16.
-        offset: _mm256_mul_ps(d, _mm256_set1_ps(16.0)),
+        scale: L::scales(d),
+        min: _mm256_setzero_ps(),
     }
 }
 
-/// Q5_0: values 0..32, so four vectors of products fit in 16 bits.
+/// Q5_0 and Q4_0: values stored plus 16 (or 8), whose true values are small enough for
+/// [`centered_products`].
 ///
 /// # Safety
 /// The CPU must have AVX2 and FMA.
 #[inline(always)]
-unsafe fn dot_q5_0(u: &Unpacked32, a: &ActBlock, acc: __m256) -> __m256 {
-    let ones = _mm256_set1_epi16(1);
-    let ints = _mm256_add_epi32(
-        _mm256_madd_epi16(products(&u.w[..4], a, 0), ones),
-        _mm256_madd_epi16(products(&u.w[4..], a, 4), ones),
-    );
-    finish32(u, ints, a, acc)
+unsafe fn dot_centered32(u: &Unpacked32, a: &ActBlock, acc: __m256) -> __m256 {
+    let ints = _mm256_madd_epi16(centered_products(&u.w, a), _mm256_set1_epi16(1));
+    scaled32(u, ints, a, acc)
 }
 
 /// A Q8_0 block stored from `qs` and `d` with lanes `L`, in registers.
@@ -491,7 +520,7 @@ unsafe fn unpack_q8_0<L: Lanes>(qs: *const u8, d: *const u16) -> Unpacked32 {
         // Stored plus 128: flipping the top bit gives the signed value.
         w: std::array::from_fn(|z| _mm256_xor_si256(L::vector(qs, z), _mm256_set1_epi8(-128))),
         scale: L::scales(d),
-        offset: _mm256_setzero_ps(),
+        min: _mm256_setzero_ps(),
     }
 }
 
@@ -507,8 +536,7 @@ unsafe fn dot_q8_0(u: &Unpacked32, a: &ActBlock, acc: __m256) -> __m256 {
         let p = _mm256_maddubs_epi16(_mm256_abs_epi8(*w), _mm256_sign_epi8(act(a, z), *w));
         ints = _mm256_add_epi32(ints, _mm256_madd_epi16(p, ones));
     }
-    let scale = _mm256_mul_ps(u.scale, _mm256_load_ps(a.d32.as_ptr()));
-    _mm256_fmadd_ps(_mm256_cvtepi32_ps(ints), scale, acc)
+    scaled32(u, ints, a, acc)
 }
 
 /// A Q4_0 block stored from `qs` and `d` with lanes `L`, in registers.
@@ -517,12 +545,10 @@ unsafe fn dot_q8_0(u: &Unpacked32, a: &ActBlock, acc: __m256) -> __m256 {
 /// The CPU must have AVX2 and F16C; the pointers are the block's fields.
 #[inline(always)]
 unsafe fn unpack_q4_0<L: Lanes>(qs: *const u8, d: *const u16) -> Unpacked32 {
-    let d = L::scales(d);
     Unpacked32 {
         w: nibbles::<L>(qs),
-        scale: d,
-        // Values are stored plus 8.
-        offset: _mm256_mul_ps(d, _mm256_set1_ps(8.0)),
+        scale: L::scales(d),
+        min: _mm256_setzero_ps(),
     }
 }
 
@@ -536,25 +562,27 @@ unsafe fn unpack_q4_1<L: Lanes>(qs: *const u8, d: *const u16, m: *const u16) -> 
     Unpacked32 {
         w: nibbles::<L>(qs),
         scale: L::scales(d),
-        offset: _mm256_sub_ps(_mm256_setzero_ps(), L::scales(m)),
+        min: L::scales(m),
     }
 }
 
-/// Q4_0 and Q4_1: nibbles, all eight vectors summed in 16 bits.
+/// Q4_1: nibbles, all eight vectors summed in 16 bits, then the min.
 ///
 /// # Safety
 /// The CPU must have AVX2 and FMA.
 #[inline(always)]
-unsafe fn dot_nibbles32(u: &Unpacked32, a: &ActBlock, acc: __m256) -> __m256 {
+unsafe fn dot_q4_1(u: &Unpacked32, a: &ActBlock, acc: __m256) -> __m256 {
     let ints = _mm256_madd_epi16(products(&u.w, a, 0), _mm256_set1_epi16(1));
-    finish32(u, ints, a, acc)
+    let acc = scaled32(u, ints, a, acc);
+    _mm256_fmadd_ps(_mm256_load_ps(a.sums32.as_ptr()), u.min, acc)
 }
 
 /// [`Block`] for the per-32 formats, whole and half: `unpack` as given, `dot` the format's.
 macro_rules! per32_blocks {
-    ($($block:ty: |$b:ident| $unpack:expr, $dot:ident;)*) => {$(
+    ($($block:ty, offset $offset:literal: |$b:ident| $unpack:expr, $dot:ident;)*) => {$(
         impl Block for $block {
             const PER32: bool = true;
+            const OFFSET: i16 = $offset;
             type Unpacked = Unpacked32;
 
             #[inline(always)]
@@ -572,15 +600,19 @@ macro_rules! per32_blocks {
 }
 
 per32_blocks! {
-    PackedQ5_0Planes: |b| unpack_q5_0::<Whole>(b.qs.as_ptr(), b.qh.as_ptr(), b.d.as_ptr()), dot_q5_0;
-    HalfQ5_0Planes: |b| unpack_q5_0::<Low>(b.qs.as_ptr(), b.qh.as_ptr(), b.d.as_ptr()), dot_q5_0;
-    PackedQ8_0<NARROW>: |b| unpack_q8_0::<Whole>(b.qs.as_ptr(), b.d.as_ptr()), dot_q8_0;
-    HalfQ8_0: |b| unpack_q8_0::<Low>(b.qs.as_ptr(), b.d.as_ptr()), dot_q8_0;
-    PackedQ4_0<NARROW>: |b| unpack_q4_0::<Whole>(b.qs.as_ptr(), b.d.as_ptr()), dot_nibbles32;
-    HalfQ4_0: |b| unpack_q4_0::<Low>(b.qs.as_ptr(), b.d.as_ptr()), dot_nibbles32;
-    PackedQ4_1<NARROW>:
-        |b| unpack_q4_1::<Whole>(b.qs.as_ptr(), b.d.as_ptr(), b.m.as_ptr()), dot_nibbles32;
-    HalfQ4_1: |b| unpack_q4_1::<Low>(b.qs.as_ptr(), b.d.as_ptr(), b.m.as_ptr()), dot_nibbles32;
+    PackedQ5_0Planes, offset 16:
+        |b| unpack_q5_0::<Whole>(b.qs.as_ptr(), b.qh.as_ptr(), b.d.as_ptr()), dot_centered32;
+    HalfQ5_0Planes, offset 16:
+        |b| unpack_q5_0::<Low>(b.qs.as_ptr(), b.qh.as_ptr(), b.d.as_ptr()), dot_centered32;
+    PackedQ8_0<NARROW>, offset 0: |b| unpack_q8_0::<Whole>(b.qs.as_ptr(), b.d.as_ptr()), dot_q8_0;
+    HalfQ8_0, offset 0: |b| unpack_q8_0::<Low>(b.qs.as_ptr(), b.d.as_ptr()), dot_q8_0;
+    PackedQ4_0<NARROW>, offset 8:
+        |b| unpack_q4_0::<Whole>(b.qs.as_ptr(), b.d.as_ptr()), dot_centered32;
+    HalfQ4_0, offset 8: |b| unpack_q4_0::<Low>(b.qs.as_ptr(), b.d.as_ptr()), dot_centered32;
+    PackedQ4_1<NARROW>, offset 0:
+        |b| unpack_q4_1::<Whole>(b.qs.as_ptr(), b.d.as_ptr(), b.m.as_ptr()), dot_q4_1;
+    HalfQ4_1, offset 0:
+        |b| unpack_q4_1::<Low>(b.qs.as_ptr(), b.d.as_ptr(), b.m.as_ptr()), dot_q4_1;
 }
 
 /// Activation rows per group: each weight block is unpacked once for all of them, with the
