@@ -102,32 +102,6 @@ fn families() -> Vec<Kernels> {
     }
 }
 
-/// The CPU's model name and the SIMD flags that matter here.
-fn cpu() -> String {
-    let info = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
-    let field = |key: &str| {
-        info.lines()
-            .find(|l| l.starts_with(key))
-            .and_then(|l| l.split(':').nth(1))
-            .map(|v| v.trim().to_string())
-            .unwrap_or_default()
-    };
-    let flags = field("flags");
-    let simd: Vec<&str> = [
-        "avx2",
-        "fma",
-        "f16c",
-        "avx512f",
-        "avx512bw",
-        "avx512_vnni",
-        "avx_vnni",
-    ]
-    .into_iter()
-    .filter(|f| flags.split(' ').any(|x| x == *f))
-    .collect();
-    format!("{} ({})", field("model name"), simd.join(" "))
-}
-
 struct Timings {
     /// Per k in KS: the forward times.
     forward: Vec<Vec<f64>>,
@@ -152,7 +126,7 @@ fn main() {
             root.join("qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"),
         ),
     ];
-    println!("CPU: {}", cpu());
+    println!("CPU: {}", cascade::costs::cpu_name());
     println!(
         "forward over k new tokens after a {}-token context; median of {reps}; {} threads; \
          prefill of {PREFILL} tokens",

@@ -340,18 +340,48 @@ impl CostCache {
     }
 }
 
-/// The CPU's model name (`/proc/cpuinfo`), or the architecture where that is unknown.
+/// The CPU: its model name, family, model and stepping (`/proc/cpuinfo`; a model name such as
+/// "AMD EPYC" covers CPUs of very different speed) and the SIMD flags the kernels use, or the
+/// architecture where that is unknown. It names the machine in cost-cache keys and reports.
 pub fn cpu_name() -> String {
-    std::fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|info| {
-            info.lines()
-                .find(|l| l.starts_with("model name"))
-                .and_then(|l| l.split(':').nth(1))
-                .map(|v| v.trim().to_string())
-        })
-        .unwrap_or_else(|| std::env::consts::ARCH.to_string())
+    let Ok(info) = std::fs::read_to_string("/proc/cpuinfo") else {
+        return std::env::consts::ARCH.to_string();
+    };
+    let field = |key: &str| {
+        info.lines()
+            .find(|l| l.split(':').next().is_some_and(|k| k.trim() == key))
+            .and_then(|l| l.split(':').nth(1))
+            .map(|v| v.trim())
+            .unwrap_or_default()
+    };
+    let flags = field("flags");
+    let simd: Vec<&str> = SIMD_FLAGS
+        .into_iter()
+        .filter(|f| flags.split(' ').any(|x| x == *f))
+        .collect();
+    let name = match field("model name") {
+        "" => std::env::consts::ARCH,
+        name => name,
+    };
+    format!(
+        "{name}, family {} model {} stepping {} ({})",
+        field("cpu family"),
+        field("model"),
+        field("stepping"),
+        simd.join(" ")
+    )
 }
+
+/// The CPU flags that decide which kernels run.
+const SIMD_FLAGS: [&str; 7] = [
+    "avx2",
+    "fma",
+    "f16c",
+    "avx512f",
+    "avx512bw",
+    "avx512_vnni",
+    "avx_vnni",
+];
 
 #[cfg(test)]
 mod tests {

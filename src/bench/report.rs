@@ -17,6 +17,12 @@ pub struct Report {
     pub date: String,
     /// Compute threads used.
     pub threads: usize,
+    /// The CPU ([`crate::costs::cpu_name`]).
+    #[serde(default)]
+    pub cpu: String,
+    /// The kernel family the models ran with.
+    #[serde(default)]
+    pub kernels: String,
     /// The command line that produced the report.
     pub command: String,
     /// The run's settings.
@@ -35,10 +41,11 @@ pub struct Report {
 
 impl Report {
     /// Writes `report.json`, `report.md`, `acceptance.svg` and `speedup.svg` into `dir`
-    /// (created if missing); returns the markdown tables.
+    /// (created if missing); returns the markdown: a line naming the machine and the
+    /// measured costs, then the tables.
     pub fn write(&self, dir: &Path) -> Result<String> {
         std::fs::create_dir_all(dir)?;
-        let table = markdown(&self.summary);
+        let table = format!("{}\n\n{}", self.costs_line(), markdown(&self.summary));
         let json = serde_json::to_string_pretty(self).expect("plain data");
         std::fs::write(dir.join("report.json"), json)?;
         std::fs::write(dir.join("report.md"), &table)?;
@@ -104,7 +111,14 @@ impl Report {
             .iter()
             .map(|(k, r)| format!("r({k}) = {r:.2}"))
             .collect();
-        format!("decode: {}; verify: {}", costs.join(", "), r.join(", "))
+        format!(
+            "{}, {} kernels, {} threads; decode: {}; verify: {}",
+            self.cpu,
+            self.kernels,
+            self.threads,
+            costs.join(", "),
+            r.join(", ")
+        )
     }
 }
 

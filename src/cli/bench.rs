@@ -158,6 +158,8 @@ pub fn bench_command(args: BenchArgs) -> Result<Report> {
     let report = Report {
         date: bench::utc_now(),
         threads: candle_core::utils::get_num_threads(),
+        cpu: cascade::costs::cpu_name(),
+        kernels: cascade::model::Kernels::detect()?.to_string(),
         command: std::env::args().collect::<Vec<_>>().join(" "),
         options: opts,
         verify_cost,
@@ -167,11 +169,7 @@ pub fn bench_command(args: BenchArgs) -> Result<Report> {
         interrupted,
     };
     let table = report.write(&args.out)?;
-    println!(
-        "{table}\n{}\nreport: {}",
-        report.costs_line(),
-        args.out.display()
-    );
+    println!("{table}\nreport: {}", args.out.display());
     if report.greedy_mismatches() > 0 {
         bail!(
             "{} greedy run(s) differ from autoregressive decoding: this is a bug",
