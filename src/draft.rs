@@ -130,9 +130,12 @@ impl<'a> Request<'a> {
     }
 
     /// Whether another token is worth `cost` seconds of drafting, before paying for it (a
-    /// neural drafter asks before each forward pass after the first).
-    pub fn worth_drafting(&mut self, cost: f64) -> bool {
-        self.used < self.cap && self.gate.worth_drafting(&self.source, cost)
+    /// neural drafter asks before each forward pass), when each later token of the drafter's
+    /// run would cost `then` seconds (a draft model's first forward of a round also catches
+    /// up on the text since its last draft, so it costs more than the ones after it).
+    pub fn worth_drafting(&mut self, cost: f64, then: f64) -> bool {
+        let max = self.remaining();
+        max > 0 && self.gate.worth_drafting(&self.source, cost, then, max)
     }
 
     /// Whether to spend `cost` seconds reading the text before a first draft (a draft model
@@ -140,14 +143,27 @@ impl<'a> Request<'a> {
     /// against the rest of the generation rather than this round. If not, the drafter proposes
     /// nothing this round.
     pub fn worth_catching_up(&mut self, cost: f64) -> bool {
-        self.gate.worth_catching_up(&self.source, cost)
+        let max = self.remaining();
+        self.gate.worth_catching_up(&self.source, cost, None, max)
     }
 
     /// [`Request::worth_catching_up`] for a model of measured `cost` (free if unknown) reading
-    /// `tokens` of text from the start (a prefill: on average each token attends to half).
+    /// `tokens` of text from the start (a prefill: on average each token attends to half),
+    /// and only if drafting with it, at that cost, is expected to save more than the reading.
     pub fn worth_reading(&mut self, tokens: usize, cost: Option<&ForwardCost>) -> bool {
-        let seconds = cost.map_or(0.0, |c| c.seconds_at(tokens, tokens / 2));
-        self.worth_catching_up(seconds)
+        let max = self.remaining();
+        let Some(c) = cost else {
+            return self.gate.worth_catching_up(&self.source, 0.0, None, max);
+        };
+        // After reading, a round's first forward feeds two tokens (the reviewer's last and
+        // the new one), the others one.
+        let run = (c.seconds_at(2, tokens), c.seconds_at(1, tokens));
+        self.gate.worth_catching_up(
+            &self.source,
+            c.seconds_at(tokens, tokens / 2),
+            Some(run),
+            max,
+        )
     }
 
     /// Tokens admitted through this request so far.

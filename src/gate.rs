@@ -16,16 +16,21 @@
 //! argument; iterating `λ` is Dinkelbach's method). So a position is drafted only if it adds
 //! at least `λ` expected tokens per second it costs, with `λ` the rate the recent rounds
 //! achieved, and never below plain decoding's `1 / V(1)`: an empty draft is a decode step, and
-//! a round drafts only what beats both decoding and what drafting has been doing lately.
+//! a round drafts only what beats both decoding and what drafting has been doing lately. A
+//! drafter's forward pass is paid for before its token is seen, so it is weighed with the run
+//! of positions it may start and with the chance that its token comes out confident enough to
+//! be drafted at all ([`Gate::worth_drafting`]).
 //! Every input is known before the position's token is sampled and none comes from the
 //! reviewer's view of the current draft, so the review stays exact.
 //!
 //! A drafter that has not read the text yet (a draft model, before its first draft of a
 //! sequence) must first catch up on all of it: a one-time cost that no single round repays.
 //! It is an investment, made only if it costs at most [`INVEST_SHARE`] of the time the rest
-//! of the generation is expected to take ([`Gate::worth_catching_up`]): a long prompt with a
+//! of the generation is expected to take, and at most half of what the drafter would save in
+//! that time if it were always right ([`Gate::worth_catching_up`]): a long prompt with a
 //! short answer is then drafted by the free drafters alone, where reading the prompt would
-//! cost more than the draft model could save. How long the rest is expected to be
+//! cost more than the draft model could save; and on a CPU where verifying a token costs so
+//! much that a draft model cannot beat plain decoding, it never reads. How long the rest is expected to be
 //! ([`expected_remaining`]) does not come from `max_new_tokens` alone, which users set far
 //! above most answers: a declined drafter is asked again each round, and a generation that
 //! runs long may earn the investment as it goes.
@@ -126,6 +131,10 @@ pub struct Calibration {
     /// Recent acceptance of this drafter's first position in a round: its chance before it
     /// has drafted anything.
     first: f64,
+    /// Recent share of this drafter's paid forward passes whose token was admitted, at the
+    /// start of its run [0] and further on [1]: a forward whose token comes out too unsure to
+    /// draft costs as much as one whose token is drafted.
+    admitted: [f64; 2],
     /// Rounds a declined drafter waits before it is tried again (doubling while tries fail),
     /// and rounds it has waited.
     backoff: u32,
@@ -140,6 +149,7 @@ impl Default for Calibration {
             total: [(0, 0); BUCKETS],
             // Optimistic, so that a new drafter gets tried.
             first: 0.8,
+            admitted: [1.0; 2],
             backoff: 1,
             waited: 0,
         }
@@ -292,9 +302,17 @@ impl Adaptive {
             }
         }
         if let Some(Policy {
-            declined, retried, ..
+            declined,
+            retried,
+            paid,
+            ..
         }) = &gate.policy
         {
+            for (s, run, admitted) in paid {
+                let rate = &mut self.calibration_mut(s).admitted[*run as usize];
+                let admitted = admitted.unwrap_or(false) as u8 as f64;
+                *rate = (1.0 - FIRST_WEIGHT) * *rate + FIRST_WEIGHT * admitted;
+            }
             for s in declined {
                 self.calibration_mut(s).waited += 1;
             }
@@ -351,6 +369,11 @@ struct Policy {
     /// after waiting although they did not pay.
     declined: Vec<Source>,
     retried: Vec<Source>,
+    /// The forward passes paid for ([`Gate::worth_drafting`]): the drafter, whether it was
+    /// within its run (not the run's first), and whether the token it gave was admitted
+    /// (`None` until the drafter's next [`Gate::admit`]; a forward whose token was never
+    /// offered bought nothing either).
+    paid: Vec<(Source, bool, Option<bool>)>,
     /// Tokens the reviewer catches up on in its scoring pass besides the last one, and the
     /// context its scoring pass attends over.
     behind: usize,
@@ -362,6 +385,38 @@ impl Policy {
     /// `n + 1` positions instead of `n`: at least `λ` tokens per second.
     fn pays(&self, n: usize, gain: f64, cost: f64) -> bool {
         gain >= self.adaptive.lambda() * (cost + self.verify(n + 1) - self.verify(n))
+    }
+
+    /// The share of the time at the recent rate `λ` that rounds drafted by one always-right
+    /// drafter save, at best over run lengths up to `max`, its first position costing `first`
+    /// seconds of drafting and each later one `then` (0 if none saves).
+    fn savings(&self, first: f64, then: f64, max: usize) -> f64 {
+        let lambda = self.adaptive.lambda();
+        let (mut best, mut drafting) = (0f64, 0.0);
+        for m in 1..=max {
+            drafting += if m == 1 { first } else { then };
+            best = best.max(1.0 - lambda * (drafting + self.verify(m)) / (m + 1) as f64);
+        }
+        best
+    }
+
+    /// The most that a run of up to `max` more positions from one drafter, after the `n`
+    /// drafted, adds to `E - λ T`: each position kept with chance `a` (so the `i`-th with
+    /// `all_kept a^i`), the first costing `cost` seconds of drafting and each later one
+    /// `then`. Positive if some run length pays for itself; the first position alone may not
+    /// (a draft model's first forward also catches up on the text since its last draft).
+    fn run_value(&self, n: usize, a: f64, cost: f64, then: f64, max: usize) -> f64 {
+        let lambda = self.adaptive.lambda();
+        let (mut best, mut gain, mut kept, mut drafting) =
+            (f64::NEG_INFINITY, 0.0, self.all_kept, 0.0);
+        for m in 1..=max {
+            kept *= a;
+            gain += kept;
+            drafting += if m == 1 { cost } else { then };
+            let value = gain - lambda * (drafting + self.verify(n + m) - self.verify(n));
+            best = best.max(value);
+        }
+        best
     }
 
     /// Seconds of the reviewer's scoring pass over a draft of `n` positions.
@@ -398,6 +453,7 @@ impl Gate {
                 last: None,
                 declined: Vec::new(),
                 retried: Vec::new(),
+                paid: Vec::new(),
                 behind,
                 context,
             }),
@@ -406,6 +462,15 @@ impl Gate {
 
     /// Whether to draft one more position, proposed by `source` with `confidence`.
     pub(crate) fn admit(&mut self, source: &Source, confidence: Option<f32>) -> bool {
+        let admitted = self.decide(source, confidence);
+        let paid = self.policy.as_mut().and_then(|p| p.paid.last_mut());
+        if let Some((_, _, outcome @ None)) = paid.filter(|(s, ..)| s == source) {
+            *outcome = Some(admitted);
+        }
+        admitted
+    }
+
+    fn decide(&mut self, source: &Source, confidence: Option<f32>) -> bool {
         let n = self.positions.len();
         if let Some(p) = &mut self.policy {
             let a = p.adaptive.calibration(source).map_or_else(
@@ -435,46 +500,60 @@ impl Gate {
         true
     }
 
-    /// Whether another position is worth `cost` seconds of `source`'s drafting; if so the
-    /// cost counts as spent.
-    pub(crate) fn worth_drafting(&mut self, source: &Source, cost: f64) -> bool {
+    /// Whether another position is worth `cost` seconds of `source`'s drafting (a forward
+    /// pass, whose token is then offered to [`Gate::admit`]), each later position of its run
+    /// costing `then`, and at most `max` positions to come; if so the cost counts as spent.
+    /// The forward is weighed with the run it may start, so that a drafter whose first
+    /// forward costs more (catching up) is not declined for that alone, and with the chance
+    /// that its token comes out admitted at all.
+    pub(crate) fn worth_drafting(
+        &mut self,
+        source: &Source,
+        cost: f64,
+        then: f64,
+        max: usize,
+    ) -> bool {
         let n = self.positions.len();
         let Some(p) = &mut self.policy else {
             return true;
         };
         let calibration = p.adaptive.calibration(source).cloned().unwrap_or_default();
         // The next position is expected to fare like this drafter's last one this round, or
-        // like its recent first positions.
+        // like its recent first positions, times the chance that its token is admitted.
+        let run = matches!(&p.last, Some((s, _)) if s == source);
         let a = match &p.last {
             Some((s, a)) if s == source => *a,
             _ => calibration.first,
-        };
-        let pays = p.pays(n, p.all_kept * a, cost);
-        // A drafter declined at the start of its turn is retried now and then, so that what
-        // it learned does not go stale.
-        let retry = calibration.waited >= calibration.backoff;
-        let starts = !matches!(&p.last, Some((s, _)) if s == source);
+        } * calibration.admitted[run as usize];
+        let pays = p.run_value(n, a, cost, then, max) > 0.0;
+        // A drafter declined at the start of its run is retried now and then, so that what
+        // it learned does not go stale; but not if it could not pay even when always right.
+        let retry = !run
+            && calibration.waited >= calibration.backoff
+            && p.run_value(n, 1.0, cost, then, max) > 0.0;
         if crate::engine::trace() {
             eprintln!(
-                "  {source} before position {n}: {:.1} ms for acceptance {a:.2}: {}",
+                "  {source} before position {n}: {:.1} ms (then {:.1} ms) for acceptance {a:.2}: {}",
                 cost * 1e3,
+                then * 1e3,
                 if pays {
                     "pays"
-                } else if starts && retry {
+                } else if retry {
                     "retried"
                 } else {
                     "declined"
                 }
             );
         }
-        if pays || (starts && retry) {
+        if pays || retry {
             if !pays {
                 p.retried.push(source.clone());
             }
             p.drafting += cost;
+            p.paid.push((source.clone(), run, None));
             true
         } else {
-            if starts {
+            if !run {
                 p.declined.push(source.clone());
             }
             false
@@ -484,15 +563,30 @@ impl Gate {
     /// Whether `source` should spend `cost` seconds catching up on the text before its
     /// first draft (a one-time cost the rounds after it repay); if so the cost counts as
     /// spent. A fixed gate always says yes; an adaptive one if the cost is at most
-    /// [`INVEST_SHARE`] of the expected remaining tokens' time at the recent rate `λ`.
-    pub(crate) fn worth_catching_up(&mut self, source: &Source, cost: f64) -> bool {
+    /// [`INVEST_SHARE`] of the expected remaining tokens' time at the recent rate `λ`, and,
+    /// if the drafter's costs are known (`run`: its first forward of a run and each later one,
+    /// in seconds; at most `max` positions a round), at most half of what it would save in
+    /// that time if it were always right. A drafter that could not beat `λ` even then is not
+    /// worth reading for at all. (Always right, not its learned acceptance: a drafter that
+    /// has not read the text does not draft, so what it learned could not recover.)
+    pub(crate) fn worth_catching_up(
+        &mut self,
+        source: &Source,
+        cost: f64,
+        run: Option<(f64, f64)>,
+        max: usize,
+    ) -> bool {
         let Some(p) = &mut self.policy else {
             return true;
         };
-        let budget = p.adaptive.horizon.map_or(f64::INFINITY, |h| {
-            INVEST_SHARE * h as f64 / p.adaptive.lambda()
+        let share = run.map_or(INVEST_SHARE, |(first, then)| {
+            INVEST_SHARE.min(p.savings(first, then, max) / 2.0)
         });
-        let worth = cost <= budget;
+        let budget = p
+            .adaptive
+            .horizon
+            .map_or(f64::INFINITY, |h| share * h as f64 / p.adaptive.lambda());
+        let worth = share > 0.0 && cost <= budget;
         if crate::engine::trace() {
             eprintln!(
                 "  {source} catching up: {:.1} ms against a budget of {:.1} ms: {}",
@@ -564,14 +658,14 @@ mod tests {
         let s: Source = "d".into();
         let mut a = Adaptive::new(verify());
         // No horizon, or a fixed gate: every catch-up is made.
-        assert!(Gate::adaptive(a.clone()).worth_catching_up(&s, 100.0));
-        assert!(Gate::fixed().worth_catching_up(&s, 100.0));
+        assert!(Gate::adaptive(a.clone()).worth_catching_up(&s, 100.0, None, 8));
+        assert!(Gate::fixed().worth_catching_up(&s, 100.0, None, 8));
         // 100 tokens at plain decoding's 20 tokens/s take 5 s: a catch-up may cost 0.5 s.
         a.set_horizon(0, 100);
         let budget = INVEST_SHARE * 100.0 * 0.05;
-        assert!(!Gate::adaptive(a.clone()).worth_catching_up(&s, budget * 1.01));
+        assert!(!Gate::adaptive(a.clone()).worth_catching_up(&s, budget * 1.01, None, 8));
         let mut gate = Gate::adaptive(a.clone());
-        assert!(gate.worth_catching_up(&s, budget * 0.99));
+        assert!(gate.worth_catching_up(&s, budget * 0.99, None, 8));
         // It counts in the round's predicted time, not in the rate the round achieved.
         let p = gate.prediction().unwrap();
         assert_eq!(p.invested, budget * 0.99);
@@ -586,7 +680,7 @@ mod tests {
         let s: Source = "d".into();
         let mut a = Adaptive::new(verify());
         // A 1 s catch-up needs 10 s of expected decoding: 200 tokens at 20 tokens/s.
-        let worth = |a: &Adaptive| Gate::adaptive(a.clone()).worth_catching_up(&s, 1.0);
+        let worth = |a: &Adaptive| Gate::adaptive(a.clone()).worth_catching_up(&s, 1.0, None, 8);
         a.set_horizon(0, 10_000);
         assert!(!worth(&a), "expected: a typical answer, not the limit");
         a.set_horizon(150, 9_850);
@@ -631,12 +725,13 @@ mod tests {
     fn a_costly_drafter_is_asked_only_when_it_pays_and_retried_after_a_backoff() {
         let mut a = Adaptive::new(verify());
         let s: Source = "neural".into();
-        // A drafter costing a whole decode step per token, rarely accepted: after a few
-        // failures it is declined, then retried after 2, 4, 8 ... rounds.
+        // A drafter costing 20 ms per token (it would pay if it were always right: 30 ms a
+        // token with its verification, against 50 ms), never accepted: after a few failures
+        // it is declined, then retried after 2, 4, 8 ... rounds.
         let mut tried = Vec::new();
         for round in 0..40 {
             let mut gate = Gate::adaptive(a.clone());
-            if gate.worth_drafting(&s, 0.05) {
+            if gate.worth_drafting(&s, 0.02, 0.02, 8) {
                 tried.push(round);
                 gate.admit(&s, Some(0.5));
             }
@@ -646,7 +741,48 @@ mod tests {
         assert!(tried.windows(2).any(|w| w[1] - w[0] >= 8), "{tried:?}");
         // A cheap, likely drafter is always worth it.
         let mut gate = Gate::adaptive(Adaptive::new(verify()));
-        assert!(gate.worth_drafting(&"mag".into(), 0.0));
+        assert!(gate.worth_drafting(&"mag".into(), 0.0, 0.0, 8));
+    }
+
+    #[test]
+    fn a_drafter_that_could_not_pay_even_if_always_right_is_never_asked() {
+        // 45 ms per token and 10 ms to verify it, against a 50 ms decode step: a round of n
+        // such tokens, all accepted, emits n + 1 tokens in 50 + 55n ms, never faster than
+        // decoding. It is not asked, not retried, and not worth reading a prompt for.
+        let s: Source = "neural".into();
+        let mut a = Adaptive::new(verify());
+        a.set_horizon(0, 1000);
+        for _ in 0..100 {
+            let mut gate = Gate::adaptive(a.clone());
+            assert!(!gate.worth_drafting(&s, 0.045, 0.045, 16));
+            assert!(!gate.worth_catching_up(&s, 0.001, Some((0.045, 0.045)), 16));
+            a.learn(&gate, 0);
+        }
+        // At 20 ms a token the same prompt is read, within a tenth of the remaining time.
+        let mut gate = Gate::adaptive(a.clone());
+        assert!(gate.worth_catching_up(&s, 0.001, Some((0.02, 0.02)), 16));
+        assert!(!gate.worth_catching_up(&s, 1.0, Some((0.02, 0.02)), 16));
+    }
+
+    #[test]
+    fn a_forward_whose_token_is_too_unsure_to_draft_counts_against_its_drafter() {
+        // 15 ms per token: worth paying for while its tokens are admitted (and accepted). Its
+        // tokens come out too unsure to draft: what it paid buys nothing, so it stops being
+        // asked, though no token of it was ever rejected.
+        let s: Source = "neural".into();
+        let mut a = Adaptive::new(verify());
+        let mut paid = 0;
+        for _ in 0..20 {
+            let mut gate = Gate::adaptive(a.clone());
+            if gate.worth_drafting(&s, 0.015, 0.015, 8) {
+                paid += 1;
+                assert!(!gate.admit(&s, Some(0.01)));
+            }
+            a.learn(&gate, 0);
+        }
+        assert!(paid < 10, "paid for {paid} forwards");
+        let c = a.calibration("neural").unwrap();
+        assert!(c.admitted[0] < 0.5 && c.buckets().is_empty(), "{c:?}");
     }
 
     #[test]
@@ -655,7 +791,7 @@ mod tests {
         let mag: Source = "mag".into();
         // 20 ms per token, first positions usually accepted: worth it against decoding.
         let fresh = Adaptive::new(verify());
-        assert!(Gate::adaptive(fresh.clone()).worth_drafting(&neural, 0.02));
+        assert!(Gate::adaptive(fresh.clone()).worth_drafting(&neural, 0.02, 0.02, 8));
         // After rounds where free copies emitted 6 tokens each, 20 ms buys too little.
         let mut a = fresh;
         for _ in 0..40 {
@@ -666,7 +802,7 @@ mod tests {
             a.learn(&gate, 5);
         }
         assert!(a.lambda() > 2.5 / verify().seconds(1), "{}", a.lambda());
-        assert!(!Gate::adaptive(a.clone()).worth_drafting(&neural, 0.02));
+        assert!(!Gate::adaptive(a.clone()).worth_drafting(&neural, 0.02, 0.02, 8));
         // Copies are still worth their verification.
         assert!(Gate::adaptive(a).admit(&mag, Some(0.999)));
     }
@@ -691,7 +827,7 @@ mod tests {
         let mut gate = Gate::fixed();
         let s: Source = "d".into();
         assert!((0..100).all(|_| gate.admit(&s, Some(0.0))));
-        assert!(gate.worth_drafting(&s, 1e9));
+        assert!(gate.worth_drafting(&s, 1e9, 1e9, 1));
         assert_eq!(gate.prediction(), None);
     }
 }

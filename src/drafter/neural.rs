@@ -81,12 +81,15 @@ impl Drafter for NeuralDrafter {
         let room = self.model.model().max_len().saturating_sub(context.len());
         let mut seq = context.to_vec();
         while draft.len() < room && !seq.is_empty() {
-            // The next forward: catching up on the text since its last draft, then one token.
-            let seconds = self
-                .cost
-                .as_ref()
-                .map_or(0.0, |c| self.model.score_seconds(&seq, 0, c));
-            if !request.worth_drafting(seconds) {
+            // The next forward: catching up on the text since its last draft, then one token;
+            // the forwards after it, one token each.
+            let (seconds, then) = self.cost.as_ref().map_or((0.0, 0.0), |c| {
+                (
+                    self.model.score_seconds(&seq, 0, c),
+                    c.seconds_at(1, seq.len()),
+                )
+            });
+            if !request.worth_drafting(seconds, then) {
                 break;
             }
             // An empty draft scored: one forward over the last token (after catching up).

@@ -102,7 +102,7 @@ impl Drafter for VerticalCascade {
         let mut seq = context.to_vec();
         let max_len = self.reviewer.model().max_len();
         'rounds: while request.remaining() > 0 && seq.len() < max_len {
-            if !request.worth_drafting(self.seconds_per_token) {
+            if !request.worth_drafting(self.seconds_per_token, self.seconds_per_token) {
                 break;
             }
             let want = request
