@@ -129,10 +129,8 @@ pub fn bench_command(args: BenchArgs) -> Result<Report> {
         flag.store(true, Ordering::Relaxed);
     })?;
     let mut store = ModelStore::default();
-    eprintln!(
-        "loading {} configs and measuring model costs",
-        configs.len()
-    );
+    let started = bench::utc_now();
+    eprintln!("loading {} configs, then running the suite", configs.len());
     let bar = bar("[{elapsed_precise}] [{bar:30}] {pos}/{len} {msg}");
     let (records, interrupted) = bench::run(
         &configs,
@@ -144,9 +142,14 @@ pub fn bench_command(args: BenchArgs) -> Result<Report> {
             bar.set_length(total as u64);
             bar.set_position(done as u64);
             bar.set_message(what.to_string());
+            if bar.is_hidden() {
+                // Standard error is a log, not a terminal: one line per finished run.
+                eprintln!("[{done}/{total}] {what}");
+            }
         },
     )?;
     bar.finish_and_clear();
+    eprintln!("measuring every model's forward costs, side by side");
     let (verify_cost, models) = bench::measure_store_costs(&store, &configs[0].plan.target.path)?;
     let k_of = |label: &str| {
         configs
@@ -156,7 +159,7 @@ pub fn bench_command(args: BenchArgs) -> Result<Report> {
     };
     let summary = bench::summarize(&records, &models, &verify_cost, &k_of);
     let report = Report {
-        date: bench::utc_now(),
+        date: started,
         threads: candle_core::utils::get_num_threads(),
         cpu: cascade::costs::cpu_name(),
         kernels: cascade::model::Kernels::detect()?.to_string(),
