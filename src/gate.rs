@@ -30,10 +30,10 @@
 //! that time if it were always right ([`Gate::worth_catching_up`]): a long prompt with a
 //! short answer is then drafted by the free drafters alone, where reading the prompt would
 //! cost more than the draft model could save; and on a CPU where verifying a token costs so
-//! much that a draft model cannot beat plain decoding, it never reads. How long the rest is expected to be
-//! ([`expected_remaining`]) does not come from `max_new_tokens` alone, which users set far
-//! above most answers: a declined drafter is asked again each round, and a generation that
-//! runs long may earn the investment as it goes.
+//! much that a draft model cannot beat plain decoding, it never reads. How long the rest is
+//! expected to be ([`expected_remaining`]) does not come from `max_new_tokens` alone, which
+//! users set far above most answers: a declined drafter is asked again each round, and a
+//! generation that runs long may earn the investment as it goes.
 
 use crate::costs::ForwardCost;
 use crate::engine::SourceBuckets;
@@ -131,10 +131,11 @@ pub struct Calibration {
     /// Recent acceptance of this drafter's first position in a round: its chance before it
     /// has drafted anything.
     first: f64,
-    /// Recent share of this drafter's paid forward passes whose token was admitted, at the
-    /// start of its run [0] and further on [1]: a forward whose token comes out too unsure to
-    /// draft costs as much as one whose token is drafted.
-    admitted: [f64; 2],
+    /// Recent share of this drafter's paid forward passes whose token was admitted: a
+    /// forward whose token comes out too unsure to draft costs as much as one whose token is
+    /// drafted. One share for a run's first forward and the later ones alike, so that the
+    /// retries of a declined drafter keep it up to date.
+    admitted: f64,
     /// Rounds a declined drafter waits before it is tried again (doubling while tries fail),
     /// and rounds it has waited.
     backoff: u32,
@@ -149,7 +150,7 @@ impl Default for Calibration {
             total: [(0, 0); BUCKETS],
             // Optimistic, so that a new drafter gets tried.
             first: 0.8,
-            admitted: [1.0; 2],
+            admitted: 1.0,
             backoff: 1,
             waited: 0,
         }
@@ -225,7 +226,8 @@ impl Adaptive {
 
     /// The generation has emitted `generated` tokens and may emit at most `remaining` more: a
     /// drafter's catch-up on the text must cost at most [`INVEST_SHARE`] of the time the
-    /// [`expected_remaining`] tokens take. Without a horizon every catch-up is made.
+    /// [`expected_remaining`] tokens take. Without a horizon every catch-up is made that the
+    /// drafter could repay ([`Gate::worth_catching_up`]).
     pub fn set_horizon(&mut self, generated: usize, remaining: usize) {
         self.horizon = Some(expected_remaining(generated, remaining));
     }
@@ -308,10 +310,10 @@ impl Adaptive {
             ..
         }) = &gate.policy
         {
-            for (s, run, admitted) in paid {
-                let rate = &mut self.calibration_mut(s).admitted[*run as usize];
+            for (s, admitted) in paid {
+                let c = self.calibration_mut(s);
                 let admitted = admitted.unwrap_or(false) as u8 as f64;
-                *rate = (1.0 - FIRST_WEIGHT) * *rate + FIRST_WEIGHT * admitted;
+                c.admitted = (1.0 - FIRST_WEIGHT) * c.admitted + FIRST_WEIGHT * admitted;
             }
             for s in declined {
                 self.calibration_mut(s).waited += 1;
@@ -369,11 +371,10 @@ struct Policy {
     /// after waiting although they did not pay.
     declined: Vec<Source>,
     retried: Vec<Source>,
-    /// The forward passes paid for ([`Gate::worth_drafting`]): the drafter, whether it was
-    /// within its run (not the run's first), and whether the token it gave was admitted
-    /// (`None` until the drafter's next [`Gate::admit`]; a forward whose token was never
-    /// offered bought nothing either).
-    paid: Vec<(Source, bool, Option<bool>)>,
+    /// The forward passes paid for ([`Gate::worth_drafting`]): the drafter, and whether the
+    /// token it gave was admitted (`None` until the drafter's next [`Gate::admit`]; a forward
+    /// whose token was never offered bought nothing either).
+    paid: Vec<(Source, Option<bool>)>,
     /// Tokens the reviewer catches up on in its scoring pass besides the last one, and the
     /// context its scoring pass attends over.
     behind: usize,
@@ -387,36 +388,44 @@ impl Policy {
         gain >= self.adaptive.lambda() * (cost + self.verify(n + 1) - self.verify(n))
     }
 
-    /// The share of the time at the recent rate `λ` that rounds drafted by one always-right
-    /// drafter save, at best over run lengths up to `max`, its first position costing `first`
-    /// seconds of drafting and each later one `then` (0 if none saves).
-    fn savings(&self, first: f64, then: f64, max: usize) -> f64 {
+    /// What a run of `m` = 1..=`max` more positions from one drafter, after `n` drafted
+    /// positions that are all kept with chance `kept`, adds to `E - λ T`: each position kept
+    /// with chance `a` (so the `i`-th with `kept a^i`), the first costing `cost` seconds of
+    /// drafting and each later one `then`.
+    fn runs(
+        &self,
+        (n, kept): (usize, f64),
+        a: f64,
+        (cost, then): (f64, f64),
+        max: usize,
+    ) -> impl Iterator<Item = (usize, f64)> + '_ {
         let lambda = self.adaptive.lambda();
-        let (mut best, mut drafting) = (0f64, 0.0);
-        for m in 1..=max {
-            drafting += if m == 1 { first } else { then };
-            best = best.max(1.0 - lambda * (drafting + self.verify(m)) / (m + 1) as f64);
-        }
-        best
+        (1..=max).scan((0.0, kept, 0.0), move |(gain, kept, drafting), m| {
+            *kept *= a;
+            *gain += *kept;
+            *drafting += if m == 1 { cost } else { then };
+            let extra = *drafting + self.verify(n + m) - self.verify(n);
+            Some((m, *gain - lambda * extra))
+        })
     }
 
-    /// The most that a run of up to `max` more positions from one drafter, after the `n`
-    /// drafted, adds to `E - λ T`: each position kept with chance `a` (so the `i`-th with
-    /// `all_kept a^i`), the first costing `cost` seconds of drafting and each later one
-    /// `then`. Positive if some run length pays for itself; the first position alone may not
-    /// (a draft model's first forward also catches up on the text since its last draft).
-    fn run_value(&self, n: usize, a: f64, cost: f64, then: f64, max: usize) -> f64 {
-        let lambda = self.adaptive.lambda();
-        let (mut best, mut gain, mut kept, mut drafting) =
-            (f64::NEG_INFINITY, 0.0, self.all_kept, 0.0);
-        for m in 1..=max {
-            kept *= a;
-            gain += kept;
-            drafting += if m == 1 { cost } else { then };
-            let value = gain - lambda * (drafting + self.verify(n + m) - self.verify(n));
-            best = best.max(value);
-        }
-        best
+    /// The most that a run from one drafter adds to this round's `E - λ T` ([`Policy::runs`]
+    /// after the `n` positions drafted so far). Positive if some run length pays for itself;
+    /// the first position alone may not (a draft model's first forward also catches up on
+    /// the text since its last draft).
+    fn run_value(&self, n: usize, a: f64, cost: (f64, f64), max: usize) -> f64 {
+        self.runs((n, self.all_kept), a, cost, max)
+            .map(|(_, v)| v)
+            .fold(f64::NEG_INFINITY, f64::max)
+    }
+
+    /// The share of the time at the recent rate `λ` that one always-right drafter's runs
+    /// save, at best over run lengths up to `max` (0 if none saves): a run of `m` adds its
+    /// value ([`Policy::runs`] from an empty draft) to a round of `m + 1` tokens.
+    fn savings(&self, cost: (f64, f64), max: usize) -> f64 {
+        self.runs((0, 1.0), 1.0, cost, max)
+            .map(|(m, v)| v / (m + 1) as f64)
+            .fold(0.0, f64::max)
     }
 
     /// Seconds of the reviewer's scoring pass over a draft of `n` positions.
@@ -464,7 +473,7 @@ impl Gate {
     pub(crate) fn admit(&mut self, source: &Source, confidence: Option<f32>) -> bool {
         let admitted = self.decide(source, confidence);
         let paid = self.policy.as_mut().and_then(|p| p.paid.last_mut());
-        if let Some((_, _, outcome @ None)) = paid.filter(|(s, ..)| s == source) {
+        if let Some((_, outcome @ None)) = paid.filter(|(s, _)| s == source) {
             *outcome = Some(admitted);
         }
         admitted
@@ -524,13 +533,13 @@ impl Gate {
         let a = match &p.last {
             Some((s, a)) if s == source => *a,
             _ => calibration.first,
-        } * calibration.admitted[run as usize];
-        let pays = p.run_value(n, a, cost, then, max) > 0.0;
+        } * calibration.admitted;
+        let pays = p.run_value(n, a, (cost, then), max) > 0.0;
         // A drafter declined at the start of its run is retried now and then, so that what
         // it learned does not go stale; but not if it could not pay even when always right.
         let retry = !run
             && calibration.waited >= calibration.backoff
-            && p.run_value(n, 1.0, cost, then, max) > 0.0;
+            && p.run_value(n, 1.0, (cost, then), max) > 0.0;
         if crate::engine::trace() {
             eprintln!(
                 "  {source} before position {n}: {:.1} ms (then {:.1} ms) for acceptance {a:.2}: {}",
@@ -550,7 +559,7 @@ impl Gate {
                 p.retried.push(source.clone());
             }
             p.drafting += cost;
-            p.paid.push((source.clone(), run, None));
+            p.paid.push((source.clone(), None));
             true
         } else {
             if !run {
@@ -579,8 +588,8 @@ impl Gate {
         let Some(p) = &mut self.policy else {
             return true;
         };
-        let share = run.map_or(INVEST_SHARE, |(first, then)| {
-            INVEST_SHARE.min(p.savings(first, then, max) / 2.0)
+        let share = run.map_or(INVEST_SHARE, |run| {
+            INVEST_SHARE.min(p.savings(run, max) / 2.0)
         });
         let budget = p
             .adaptive
@@ -782,7 +791,57 @@ mod tests {
         }
         assert!(paid < 10, "paid for {paid} forwards");
         let c = a.calibration("neural").unwrap();
-        assert!(c.admitted[0] < 0.5 && c.buckets().is_empty(), "{c:?}");
+        assert!(c.admitted < 0.5 && c.buckets().is_empty(), "{c:?}");
+        // Its tokens turn sure and right: the retries after its backoff learn it, and it is
+        // asked every round again.
+        let mut paid = Vec::new();
+        for round in 0..200 {
+            let mut gate = Gate::adaptive(a.clone());
+            let asked = gate.worth_drafting(&s, 0.015, 0.015, 1);
+            if asked {
+                paid.push(round);
+                assert!(gate.admit(&s, Some(0.99)));
+            }
+            a.learn(&gate, asked as usize);
+        }
+        assert!(
+            (180..200).all(|r| paid.contains(&r)),
+            "paid in rounds {paid:?}"
+        );
+    }
+
+    /// Rounds where `s` drafts a sure first token (accepted), then offers tokens with
+    /// `later` confidence while the gate pays for them; the positions drafted in each.
+    fn runs_of(a: &mut Adaptive, s: &Source, later: f32, rounds: usize) -> Vec<usize> {
+        (0..rounds)
+            .map(|_| {
+                let mut gate = Gate::adaptive(a.clone());
+                let mut drafted = 0;
+                while drafted < 4 && gate.worth_drafting(s, 0.005, 0.005, 4 - drafted) {
+                    let confidence = if drafted == 0 { 0.99 } else { later };
+                    if !gate.admit(s, Some(confidence)) {
+                        break;
+                    }
+                    drafted += 1;
+                }
+                a.learn(&gate, drafted);
+                drafted
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_drafter_whose_later_tokens_were_unsure_drafts_whole_runs_again_once_they_are_sure() {
+        // The forwards after a sure first token give unsure ones for a while: runs shrink to
+        // one token. Once those tokens are sure again, what the drafter learns from its first
+        // forwards brings its runs back (a separate share for later forwards, never paid
+        // for once low, would keep them at one token for good).
+        let s: Source = "neural".into();
+        let mut a = Adaptive::new(verify());
+        let unsure = runs_of(&mut a, &s, 0.01, 40);
+        assert!(unsure[30..].iter().all(|&n| n == 1), "{unsure:?}");
+        let sure = runs_of(&mut a, &s, 0.99, 100);
+        assert!(sure[80..].iter().all(|&n| n == 4), "{sure:?}");
     }
 
     #[test]

@@ -109,8 +109,7 @@ pub(super) struct ActBlock {
     /// activation pair under each 16-bit product of `vpmaddubsw`, summed over the four
     /// vectors. Subtracted from the summed products, it leaves the products of the weights'
     /// true (signed) values, which are small enough for four (Q6_K) or eight vectors (Q5_0,
-    /// Q4_0) to add up in 16 bits: one widening per block or half instead of one per pair of
-    /// vectors and another for the offset.
+    /// Q4_0) to add up in 16 bits before one widening, with no separate term for the offset.
     offsets: [[i16; 16]; 2],
     sums32: [f32; 8],
     /// The scale of each 32 values (all `d` with one scale per block).
