@@ -98,13 +98,36 @@ impl<'a> From<&'a LoadedModel> for Subject<'a> {
     }
 }
 
+/// Measured costs, and how much of the CPU the measurement had.
+pub struct Measurement {
+    /// Per model, in the order asked.
+    pub costs: Vec<ForwardCost>,
+    /// The CPU time this process used over the wall time of its threads (at most one per
+    /// core): near 1 or above when they ran alone (the kernels' thread pool spins between
+    /// tasks), lower when other work took the CPU and the times came out too long. `None`
+    /// where the platform does not tell.
+    pub cpu_share: Option<f64>,
+}
+
+/// The CPU share ([`Measurement::cpu_share`]) below which a measurement was contended:
+/// measured alone on 2 cores the share was 0.985, beside one busy process 0.61 (and a
+/// decode step took three times as long).
+pub const MIN_CPU_SHARE: f64 = 0.85;
+
 /// Measures `models` side by side: every model at every length of [`MEASURED`] after
 /// [`CONTEXT`] tokens and of [`MEASURED_LONG`] after [`LONG_CONTEXT`], interleaved in each of
 /// `reps` repetitions (after a warm-up); medians.
-pub fn measure(models: &[Subject], reps: usize) -> Result<Vec<ForwardCost>> {
+pub fn measure(models: &[Subject], reps: usize) -> Result<Measurement> {
+    let (wall, cpu) = (Instant::now(), cpu_seconds());
     let short = forward_times(models, CONTEXT, &MEASURED, reps)?;
     let long = forward_times(models, LONG_CONTEXT, &MEASURED_LONG, reps)?;
-    Ok(short
+    // More threads than cores cannot all run at once.
+    let cores = std::thread::available_parallelism().map_or(usize::MAX, |n| n.get());
+    let threads = candle_core::utils::get_num_threads().min(cores) as f64;
+    let cpu_share = cpu
+        .zip(cpu_seconds())
+        .map(|(start, end)| (end - start) / (wall.elapsed().as_secs_f64() * threads));
+    let costs = short
         .into_iter()
         .zip(long)
         .map(|(short, long)| {
@@ -123,7 +146,25 @@ pub fn measure(models: &[Subject], reps: usize) -> Result<Vec<ForwardCost>> {
                     .collect(),
             }
         })
-        .collect())
+        .collect();
+    Ok(Measurement { costs, cpu_share })
+}
+
+/// The CPU time (user and system) this process has used so far, where the platform tells.
+fn cpu_seconds() -> Option<f64> {
+    #[cfg(unix)]
+    {
+        // SAFETY: `rusage` is plain data, valid all zeros; getrusage only writes to it.
+        let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+        // SAFETY: a valid pointer to a `rusage`, as getrusage requires.
+        if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut usage) } != 0 {
+            return None;
+        }
+        let seconds = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 * 1e-6;
+        Some(seconds(usage.ru_utime) + seconds(usage.ru_stime))
+    }
+    #[cfg(not(unix))]
+    None
 }
 
 /// Median seconds of a forward over each of `ks` tokens after `context` tokens, per model.
@@ -167,6 +208,41 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
+/// What [`CostCache::costs`] tells as it goes.
+pub enum CostEvent<'a> {
+    /// These models are being measured.
+    Measuring(&'a [String]),
+    /// Models' costs were measured while other work had the CPU: they are too high.
+    Contended {
+        /// The models ([`CostCache::label`]).
+        models: &'a [String],
+        /// When they were measured (UTC).
+        measured: &'a str,
+        /// [`Measurement::cpu_share`].
+        cpu_share: f64,
+    },
+}
+
+impl std::fmt::Display for CostEvent<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Measuring(names) => write!(f, "measuring {}", names.join(", ")),
+            Self::Contended {
+                models,
+                measured,
+                cpu_share,
+            } => write!(
+                f,
+                "the forward costs of {} were measured ({measured}) while other work had the \
+                 CPU (this process ran {:.0}% of its threads' time): they are too high, so \
+                 drafting is too cautious; run `cascade calibrate` when the machine is idle",
+                models.join(", "),
+                cpu_share * 100.0
+            ),
+        }
+    }
+}
+
 /// The environment variable naming the cost cache file.
 pub const COSTS_ENV: &str = "CASCADE_COSTS";
 
@@ -188,6 +264,9 @@ struct Entry {
     /// When it was measured (UTC).
     measured: String,
     cost: ForwardCost,
+    /// [`Measurement::cpu_share`].
+    #[serde(default)]
+    cpu_share: Option<f64>,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -280,13 +359,16 @@ impl CostCache {
     }
 
     /// The costs of `models`, measuring (together, interleaved) those not cached, or all of
-    /// them with `remeasure`; `progress` hears which models are being measured. The cache
-    /// file is updated when anything was measured.
+    /// them with `remeasure`, and updating the cache file. `events` hears which models are
+    /// being measured, and of every cost returned that was measured while other work had the
+    /// CPU: such costs are too high, but they are cached all the same (a busy machine would
+    /// otherwise measure again on every run, slower still), and the warning comes with every
+    /// use until `cascade calibrate` measures them anew.
     pub fn costs(
         &mut self,
         models: &[Subject],
         remeasure: bool,
-        progress: &mut dyn FnMut(&[String]),
+        events: &mut dyn FnMut(CostEvent),
     ) -> Result<Vec<ForwardCost>> {
         let missing: Vec<Subject> = models
             .iter()
@@ -295,24 +377,45 @@ impl CostCache {
             .collect();
         if !missing.is_empty() {
             let names: Vec<String> = missing.iter().map(|&m| Self::label(m)).collect();
-            progress(&names);
+            events(CostEvent::Measuring(&names));
             let measured = measure(&missing, REPS)?;
             let now = crate::bench::utc_now();
-            for (&m, cost) in missing.iter().zip(measured) {
-                self.entries.insert(
-                    Self::key(m),
-                    Entry {
-                        measured: now.clone(),
-                        cost,
-                    },
-                );
+            for (&m, cost) in missing.iter().zip(measured.costs) {
+                let entry = Entry {
+                    measured: now.clone(),
+                    cost,
+                    cpu_share: measured.cpu_share,
+                };
+                self.entries.insert(Self::key(m), entry);
             }
             self.save()?;
         }
-        Ok(models
+        let entries: Vec<&Entry> = models
             .iter()
-            .map(|&m| self.get(m).cloned().expect("measured above"))
-            .collect())
+            .map(|&m| self.entries.get(&Self::key(m)).expect("measured above"))
+            .collect();
+        // One warning per contended measurement, naming the models it measured.
+        let mut contended: Vec<(&str, f64, Vec<String>)> = Vec::new();
+        for (&m, e) in models.iter().zip(&entries) {
+            let Some(share) = e.cpu_share.filter(|&s| s < MIN_CPU_SHARE) else {
+                continue;
+            };
+            match contended
+                .iter_mut()
+                .find(|c| c.0 == e.measured && c.1 == share)
+            {
+                Some(c) => c.2.push(Self::label(m)),
+                None => contended.push((&e.measured, share, vec![Self::label(m)])),
+            }
+        }
+        for (measured, cpu_share, models) in contended {
+            events(CostEvent::Contended {
+                models: &models,
+                measured,
+                cpu_share,
+            });
+        }
+        Ok(entries.into_iter().map(|e| e.cost.clone()).collect())
     }
 
     /// A subject's name in messages: the model file, and its trimmed vocabulary's size.

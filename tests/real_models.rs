@@ -461,3 +461,71 @@ fn every_config_decodes_greedily_like_the_target() {
         eprintln!("{}: ok", path.display());
     }
 }
+
+/// Processes that keep every core busy while they live.
+struct BusyCores(Vec<std::process::Child>);
+
+impl BusyCores {
+    /// Two busy processes per core.
+    fn start() -> Self {
+        let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
+        Self(
+            (0..2 * cores)
+                .map(|_| {
+                    std::process::Command::new("sh")
+                        .args(["-c", "while :; do :; done"])
+                        .spawn()
+                        .unwrap()
+                })
+                .collect(),
+        )
+    }
+}
+
+impl Drop for BusyCores {
+    fn drop(&mut self) {
+        for c in &mut self.0 {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+#[test]
+fn costs_measured_while_other_work_has_the_cpu_are_flagged_every_time_they_are_used() {
+    use cascade::costs::{CostCache, CostEvent, MIN_CPU_SHARE};
+    let _s = serial();
+    let model = real(SMOLLM2);
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("costs.json");
+    let contended = |cache: &mut CostCache, remeasure: bool| {
+        let mut flagged = Vec::new();
+        cache
+            .costs(&[model.as_ref().into()], remeasure, &mut |e| {
+                if let CostEvent::Contended { cpu_share, .. } = e {
+                    flagged.push((cpu_share, e.to_string()));
+                }
+            })
+            .unwrap();
+        flagged
+    };
+    let open = || CostCache::open(&path).unwrap();
+    // Measured alone (the test machine otherwise idle): nothing to flag.
+    assert_eq!(contended(&mut open(), true), vec![]);
+    let busy = BusyCores::start();
+    let flagged = contended(&mut open(), true);
+    drop(busy);
+    let [(share, message)] = &flagged[..] else {
+        panic!("one contended measurement expected, got {flagged:?}")
+    };
+    assert!(*share < MIN_CPU_SHARE, "{share}");
+    let name = format!("the forward costs of {SMOLLM2} were measured (");
+    assert!(message.starts_with(&name), "{message}");
+    assert!(
+        message.ends_with("run `cascade calibrate` when the machine is idle"),
+        "{message}"
+    );
+    // Cached, and flagged again when the next run reads them; until measured anew.
+    assert_eq!(contended(&mut open(), false), flagged);
+    assert_eq!(contended(&mut open(), true), vec![]);
+}

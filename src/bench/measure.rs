@@ -40,7 +40,7 @@ pub fn measure_costs(
         .chain(others.iter().copied())
         .collect();
     let subjects: Vec<costs::Subject> = models.iter().map(|&m| m.into()).collect();
-    let measured = costs::measure(&subjects, REPS)?;
+    let measured = costs::measure(&subjects, REPS)?.costs;
     let (t, tp) = (
         measured[0].decode_seconds,
         target.weights.param_count() as f64,

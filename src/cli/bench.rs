@@ -262,7 +262,7 @@ pub fn plan(args: PlanArgs) -> Result<()> {
 }
 
 pub fn calibrate(args: CalibrateArgs) -> Result<()> {
-    use cascade::costs::{CostCache, Subject};
+    use cascade::costs::{CostCache, CostEvent, Subject};
     let mut store = ModelStore::default();
     let mut models = Vec::new();
     // Drafters with a trimmed vocabulary: their model and the tokens they score.
@@ -307,8 +307,9 @@ pub fn calibrate(args: CalibrateArgs) -> Result<()> {
             vocabulary: Some(t),
         }))
         .collect();
-    let costs = cache.costs(&subjects, true, &mut |names| {
-        eprintln!("measuring {}", names.join(", "))
+    let costs = cache.costs(&subjects, true, &mut |event| match event {
+        CostEvent::Measuring(_) => eprintln!("{event}"),
+        CostEvent::Contended { .. } => eprintln!("cascade: warning: {event}"),
     })?;
     println!("| model | decode ms | r(2) | r(4) | r(8) | r(16) | ms per 100 tokens of context |\n|---|---|---|---|---|---|---|");
     for (&s, c) in subjects.iter().zip(&costs) {

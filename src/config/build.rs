@@ -3,7 +3,7 @@
 
 use super::validate::{DrafterNode, DrafterPlan, ModelPlan, Plan, TrimmedVocabulary};
 use super::{PluginContext, Registry};
-use crate::costs::{CostCache, ForwardCost, Subject};
+use crate::costs::{CostCache, CostEvent, ForwardCost, Subject};
 use crate::drafter::{
     AdaptiveCascade, BigramDrafter, Drafter, History, HorizontalCascade, MaxGramDrafter,
     NeuralDrafter, VerticalCascade,
@@ -98,12 +98,9 @@ impl Builder<'_> {
         }
         let cache = self.costs.as_mut().expect("opened above");
         let progress = &mut *self.progress;
-        let cost = cache.costs(&[subject], false, &mut |names| {
-            progress(
-                &format!("measuring {} (once per machine)", names.join(", ")),
-                0,
-                1,
-            )
+        let cost = cache.costs(&[subject], false, &mut |event| match event {
+            CostEvent::Measuring(_) => progress(&format!("{event} (once per machine)"), 0, 1),
+            CostEvent::Contended { .. } => eprintln!("cascade: warning: {event}"),
         })?;
         Ok(cost.into_iter().next().expect("one model asked"))
     }
