@@ -455,6 +455,7 @@ fn a_small_bench_run_writes_a_complete_report() {
         "forward_cost",
         "c_measured",
         "c_params",
+        "cpu_share",
     ] {
         let models = report["models"].as_array().unwrap();
         assert!(

@@ -23,6 +23,16 @@ pub struct ModelCost {
     pub c_measured: f64,
     /// Parameter count relative to the target's (the paper's "model size" cost model).
     pub c_params: f64,
+    /// The CPU share of the measurement ([`costs::Measurement::cpu_share`]).
+    #[serde(default)]
+    pub cpu_share: Option<f64>,
+}
+
+impl ModelCost {
+    /// Whether other work had the CPU while this was measured, so that it came out too high.
+    pub fn contended(&self) -> bool {
+        self.cpu_share.is_some_and(|s| s < costs::MIN_CPU_SHARE)
+    }
 }
 
 /// Measured (k, r(k)) points: a target forward over k tokens relative to one token.
@@ -40,7 +50,10 @@ pub fn measure_costs(
         .chain(others.iter().copied())
         .collect();
     let subjects: Vec<costs::Subject> = models.iter().map(|&m| m.into()).collect();
-    let measured = costs::measure(&subjects, REPS)?.costs;
+    let costs::Measurement {
+        costs: measured,
+        cpu_share,
+    } = costs::measure(&subjects, REPS)?;
     let (t, tp) = (
         measured[0].decode_seconds,
         target.weights.param_count() as f64,
@@ -55,6 +68,7 @@ pub fn measure_costs(
             forward_cost: c.ratios.clone(),
             c_measured: c.decode_seconds / t,
             c_params: m.weights.param_count() as f64 / tp,
+            cpu_share,
         })
         .collect();
     Ok((costs[0].forward_cost.clone(), costs))

@@ -111,8 +111,16 @@ impl Report {
             .iter()
             .map(|(k, r)| format!("r({k}) = {r:.2}"))
             .collect();
+        let contended = match self.models.iter().find(|m| m.contended()) {
+            Some(m) => format!(
+                " (measured while other work had the CPU, {:.0}% of this process's threads' \
+                 time: too high)",
+                m.cpu_share.unwrap_or_default() * 100.0
+            ),
+            None => String::new(),
+        };
         format!(
-            "{}, {} kernels, {} threads; decode: {}; verify: {}",
+            "{}, {} kernels, {} threads; decode: {}; verify: {}{contended}",
             self.cpu,
             self.kernels,
             self.threads,
@@ -269,6 +277,49 @@ fn confidence_table(summary: &[Summary]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::bench::BenchOptions;
+
+    #[test]
+    fn the_costs_line_says_when_the_costs_were_measured_on_a_busy_machine() {
+        let model = |cpu_share| ModelCost {
+            model: "m.gguf".into(),
+            params: 1,
+            decode_ms: 50.0,
+            forward_cost: vec![(1, 1.0), (2, 1.2)],
+            c_measured: 1.0,
+            c_params: 1.0,
+            cpu_share,
+        };
+        let report = |cpu_share| Report {
+            date: utc_now(),
+            threads: 2,
+            cpu: "CPU".into(),
+            kernels: "avx2".into(),
+            command: String::new(),
+            options: BenchOptions {
+                max_new_tokens: 8,
+                repeats: 1,
+                warmup_prompts: 0,
+                sampling: None,
+            },
+            verify_cost: vec![(1, 1.0), (2, 1.2)],
+            models: vec![model(cpu_share)],
+            runs: Vec::new(),
+            summary: Vec::new(),
+            interrupted: false,
+        };
+        let idle = "CPU, avx2 kernels, 2 threads; decode: m.gguf 50.0 ms (c = 1.00); verify: \
+                    r(1) = 1.00, r(2) = 1.20";
+        assert_eq!(report(Some(0.98)).costs_line(), idle);
+        assert_eq!(report(None).costs_line(), idle);
+        assert_eq!(
+            report(Some(0.61)).costs_line(),
+            format!(
+                "{idle} (measured while other work had the CPU, 61% of this process's \
+                 threads' time: too high)"
+            )
+        );
+    }
 
     #[test]
     fn utc_now_is_a_plausible_date() {
