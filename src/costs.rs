@@ -109,10 +109,15 @@ pub struct Measurement {
     pub cpu_share: Option<f64>,
 }
 
-/// The CPU share ([`Measurement::cpu_share`]) below which a measurement was contended:
-/// measured alone on 2 cores the share was 0.985, beside one busy process 0.61 (and a
-/// decode step took three times as long).
+/// The CPU share ([`Measurement::cpu_share`]) below which a measurement was contended: on
+/// 2 cores of an AMD EPYC (family 23, AVX2 kernels) it was 0.985 alone, and 0.61 beside one
+/// busy process (where a 1.5B decode step took three times as long).
 pub const MIN_CPU_SHARE: f64 = 0.85;
+
+/// The CPU share of a measurement if it says other work had the CPU ([`MIN_CPU_SHARE`]).
+pub fn contended(cpu_share: Option<f64>) -> Option<f64> {
+    cpu_share.filter(|&s| s < MIN_CPU_SHARE)
+}
 
 /// Measures `models` side by side: every model at every length of [`MEASURED`] after
 /// [`CONTEXT`] tokens and of [`MEASURED_LONG`] after [`LONG_CONTEXT`], interleaved in each of
@@ -395,20 +400,20 @@ impl CostCache {
             .map(|&m| self.entries.get(&Self::key(m)).expect("measured above"))
             .collect();
         // One warning per contended measurement, naming the models it measured.
-        let mut contended: Vec<(&str, f64, Vec<String>)> = Vec::new();
+        let mut warnings: Vec<(&str, f64, Vec<String>)> = Vec::new();
         for (&m, e) in models.iter().zip(&entries) {
-            let Some(share) = e.cpu_share.filter(|&s| s < MIN_CPU_SHARE) else {
+            let Some(share) = contended(e.cpu_share) else {
                 continue;
             };
-            match contended
+            match warnings
                 .iter_mut()
-                .find(|c| c.0 == e.measured && c.1 == share)
+                .find(|w| w.0 == e.measured && w.1 == share)
             {
-                Some(c) => c.2.push(Self::label(m)),
-                None => contended.push((&e.measured, share, vec![Self::label(m)])),
+                Some(w) => w.2.push(Self::label(m)),
+                None => warnings.push((&e.measured, share, vec![Self::label(m)])),
             }
         }
-        for (measured, cpu_share, models) in contended {
+        for (measured, cpu_share, models) in warnings {
             events(CostEvent::Contended {
                 models: &models,
                 measured,

@@ -29,9 +29,10 @@ pub struct ModelCost {
 }
 
 impl ModelCost {
-    /// Whether other work had the CPU while this was measured, so that it came out too high.
-    pub fn contended(&self) -> bool {
-        self.cpu_share.is_some_and(|s| s < costs::MIN_CPU_SHARE)
+    /// The CPU share of the measurement if other work had the CPU meanwhile, so that the
+    /// cost came out too high.
+    pub fn contended(&self) -> Option<f64> {
+        costs::contended(self.cpu_share)
     }
 }
 

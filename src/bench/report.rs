@@ -111,11 +111,11 @@ impl Report {
             .iter()
             .map(|(k, r)| format!("r({k}) = {r:.2}"))
             .collect();
-        let contended = match self.models.iter().find(|m| m.contended()) {
-            Some(m) => format!(
+        let contended = match self.models.iter().find_map(ModelCost::contended) {
+            Some(share) => format!(
                 " (measured while other work had the CPU, {:.0}% of this process's threads' \
                  time: too high)",
-                m.cpu_share.unwrap_or_default() * 100.0
+                share * 100.0
             ),
             None => String::new(),
         };
