@@ -26,11 +26,12 @@
 //! A drafter that has not read the text yet (a draft model, before its first draft of a
 //! sequence) must first catch up on all of it: a one-time cost that no single round repays.
 //! It is an investment, made only if it costs at most [`INVEST_SHARE`] of the time the rest
-//! of the generation is expected to take, and at most half of what the drafter would save in
-//! that time if it were always right ([`Gate::worth_catching_up`]): a long prompt with a
-//! short answer is then drafted by the free drafters alone, where reading the prompt would
-//! cost more than the draft model could save; and on a CPU where verifying a token costs so
-//! much that a draft model cannot beat plain decoding, it never reads. How long the rest is
+//! of the generation is expected to take, and at most what the drafter would save in that
+//! time if it were as right as a good draft model is ([`FRESH_ACCEPTANCE`];
+//! [`Gate::worth_catching_up`]): a long prompt with a short answer is then drafted by the free
+//! drafters alone, where reading the prompt would cost more than the draft model could save;
+//! and on a CPU where verifying a token costs so much that a good draft model cannot beat
+//! plain decoding, it never reads. How long the rest is
 //! expected to be ([`expected_remaining`]) does not come from `max_new_tokens` alone, which
 //! users set far above most answers: a declined drafter is asked again each round, and a
 //! generation that runs long may earn the investment as it goes.
@@ -104,6 +105,11 @@ const RATE_WEIGHT: f64 = 0.1;
 /// The largest share of the generation's expected remaining time a drafter may spend
 /// catching up on the text before its first draft: about what a good draft model saves.
 pub const INVEST_SHARE: f64 = 0.1;
+/// The acceptance a drafter is assumed to reach before it has been reviewed: what a good draft
+/// model reaches on its first positions. Optimistic, so that a new drafter gets tried; and what
+/// a catch-up is weighed at, since a drafter that has not read the text has not been reviewed
+/// on it.
+pub const FRESH_ACCEPTANCE: f64 = 0.8;
 /// Tokens a generation is expected to run before it has shown otherwise: a paragraph or a
 /// function, what the prompt suite's answers mostly reach.
 pub const TYPICAL_ANSWER: usize = 128;
@@ -148,8 +154,7 @@ impl Default for Calibration {
             prior: midpoints(),
             recent: [(0.0, 0.0); BUCKETS],
             total: [(0, 0); BUCKETS],
-            // Optimistic, so that a new drafter gets tried.
-            first: 0.8,
+            first: FRESH_ACCEPTANCE,
             admitted: 1.0,
             backoff: 1,
             waited: 0,
@@ -419,11 +424,12 @@ impl Policy {
             .fold(f64::NEG_INFINITY, f64::max)
     }
 
-    /// The share of the time at the recent rate `λ` that one always-right drafter's runs
-    /// save, at best over run lengths up to `max` (0 if none saves): a run of `m` adds its
-    /// value ([`Policy::runs`] from an empty draft) to a round of `m + 1` tokens.
-    fn savings(&self, cost: (f64, f64), max: usize) -> f64 {
-        self.runs((0, 1.0), 1.0, cost, max)
+    /// The share of the time at the recent rate `λ` that one drafter's runs save if each of
+    /// its positions is accepted with chance `a`, at best over run lengths up to `max` (0 if
+    /// none saves): a run of `m` adds its value ([`Policy::runs`] from an empty draft) to a
+    /// round of `m + 1` tokens.
+    fn savings(&self, a: f64, cost: (f64, f64), max: usize) -> f64 {
+        self.runs((0, 1.0), a, cost, max)
             .map(|(m, v)| v / (m + 1) as f64)
             .fold(0.0, f64::max)
     }
@@ -574,10 +580,12 @@ impl Gate {
     /// spent. A fixed gate always says yes; an adaptive one if the cost is at most
     /// [`INVEST_SHARE`] of the expected remaining tokens' time at the recent rate `λ`, and,
     /// if the drafter's costs are known (`run`: its first forward of a run and each later one,
-    /// in seconds; at most `max` positions a round), at most half of what it would save in
-    /// that time if it were always right. A drafter that could not beat `λ` even then is not
-    /// worth reading for at all. (Always right, not its learned acceptance: a drafter that
-    /// has not read the text does not draft, so what it learned could not recover.)
+    /// in seconds; at most `max` positions a round), at most what it would save in that time
+    /// at [`FRESH_ACCEPTANCE`]. A drafter that could not beat `λ` even then is not worth
+    /// reading for at all. (That acceptance, not its learned one: a drafter that has not read
+    /// the text does not draft, so what it learned on earlier texts could not recover; and
+    /// not always right, which on a CPU where a verified token costs half a decode step had
+    /// a draft model read prompts to save 1-3% and lose the reading.)
     pub(crate) fn worth_catching_up(
         &mut self,
         source: &Source,
@@ -589,7 +597,7 @@ impl Gate {
             return true;
         };
         let share = run.map_or(INVEST_SHARE, |run| {
-            INVEST_SHARE.min(p.savings(run, max) / 2.0)
+            INVEST_SHARE.min(p.savings(FRESH_ACCEPTANCE, run, max))
         });
         let budget = p
             .adaptive
@@ -771,6 +779,20 @@ mod tests {
         let mut gate = Gate::adaptive(a.clone());
         assert!(gate.worth_catching_up(&s, 0.001, Some((0.02, 0.02)), 16));
         assert!(!gate.worth_catching_up(&s, 1.0, Some((0.02, 0.02)), 16));
+    }
+
+    #[test]
+    fn a_drafter_that_pays_only_when_nearly_always_right_is_not_read_for() {
+        // 35 ms per token and 10 ms to verify it, against a 50 ms decode step: always right,
+        // each token saves a tenth of a step; right as often as a good draft model, it loses.
+        // Reading the text for it is not worth even a microsecond.
+        let s: Source = "neural".into();
+        let mut a = Adaptive::new(verify());
+        a.set_horizon(0, 1000);
+        let mut gate = Gate::adaptive(a);
+        assert!(!gate.worth_catching_up(&s, 1e-6, Some((0.035, 0.035)), 16));
+        // At 20 ms a token (0.6 of a step with its verification) it is read.
+        assert!(gate.worth_catching_up(&s, 1e-6, Some((0.02, 0.02)), 16));
     }
 
     #[test]
