@@ -573,14 +573,23 @@ fn adaptive_drafting_keeps_the_target_distribution() {
     };
     let neural = || NeuralDrafter::new("d", Box::new(drafter())).with_cost(&draft_cost);
     let mag = || MaxGramDrafter::new("mag", policy, Some(toy_table()));
-    // A reviewer a fifth of the target's cost.
+    // A reviewer a twentieth of the target's cost, drafted for by a model 0.4 of its own: the
+    // vertical cascade's mean draft is then about 0.4 at temperature 0.7 (at a fifth of the
+    // target's cost it was 0.1-0.3, too little for the test to mean much), and its inner
+    // drafter beats the reviewer's decoding at a good draft model's acceptance (at half of
+    // the reviewer's cost it would not, and would never be read for).
     let reviewer_cost = ForwardCost {
-        decode_seconds: 0.002,
+        decode_seconds: 0.0005,
         ..verify_cost()
+    };
+    let inner_cost = ForwardCost {
+        decode_seconds: 0.0002,
+        ..draft_cost.clone()
     };
     let vertical = || {
         let reviewer = Box::new(ToyModel::new(33, VOCAB, 3.0));
-        VerticalCascade::new("r", reviewer, Box::new(neural()), 3, 1.0)
+        let inner = NeuralDrafter::new("d", Box::new(drafter())).with_cost(&inner_cost);
+        VerticalCascade::new("r", reviewer, Box::new(inner), 3, 1.0)
             .with_adaptive(reviewer_cost.clone())
     };
     let mut failures = Vec::new();
