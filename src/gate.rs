@@ -31,10 +31,10 @@
 //! [`Gate::worth_catching_up`]): a long prompt with a short answer is then drafted by the free
 //! drafters alone, where reading the prompt would cost more than the draft model could save;
 //! and on a CPU where verifying a token costs so much that a good draft model cannot beat
-//! plain decoding, it never reads. How long the rest is
-//! expected to be ([`expected_remaining`]) does not come from `max_new_tokens` alone, which
-//! users set far above most answers: a declined drafter is asked again each round, and a
-//! generation that runs long may earn the investment as it goes.
+//! plain decoding, it never reads. How long the rest is expected to be
+//! ([`expected_remaining`]) does not come from `max_new_tokens` alone, which users set far
+//! above most answers: a declined drafter is asked again each round, and a generation that
+//! runs long may earn the investment as it goes.
 
 use crate::costs::ForwardCost;
 use crate::engine::SourceBuckets;

@@ -571,11 +571,13 @@ fn adaptive_drafting_keeps_the_target_distribution() {
         ratios: vec![(1, 1.0)],
         per_context: Vec::new(),
     };
-    let neural = || NeuralDrafter::new("d", Box::new(drafter())).with_cost(&draft_cost);
+    let neural_at =
+        |cost: &ForwardCost| NeuralDrafter::new("d", Box::new(drafter())).with_cost(cost);
+    let neural = || neural_at(&draft_cost);
     let mag = || MaxGramDrafter::new("mag", policy, Some(toy_table()));
     // A reviewer a twentieth of the target's cost, drafted for by a model 0.4 of its own: the
     // vertical cascade's mean draft is then about 0.4 at temperature 0.7 (at a fifth of the
-    // target's cost it was 0.1-0.3, too little for the test to mean much), and its inner
+    // target's cost it was 0.06-0.11, too little for the test to mean much), and its inner
     // drafter beats the reviewer's decoding at a good draft model's acceptance (at half of
     // the reviewer's cost it would not, and would never be read for).
     let reviewer_cost = ForwardCost {
@@ -588,8 +590,7 @@ fn adaptive_drafting_keeps_the_target_distribution() {
     };
     let vertical = || {
         let reviewer = Box::new(ToyModel::new(33, VOCAB, 3.0));
-        let inner = NeuralDrafter::new("d", Box::new(drafter())).with_cost(&inner_cost);
-        VerticalCascade::new("r", reviewer, Box::new(inner), 3, 1.0)
+        VerticalCascade::new("r", reviewer, Box::new(neural_at(&inner_cost)), 3, 1.0)
             .with_adaptive(reviewer_cost.clone())
     };
     let mut failures = Vec::new();
