@@ -55,6 +55,27 @@ impl ForwardCost {
     }
 }
 
+/// Whether r(k) points can be interpolated: (1, 1.0) first, then finite positive values at
+/// increasing k.
+pub fn well_formed_ratios(points: &[(usize, f64)]) -> bool {
+    points.len() >= 2
+        && points[0] == (1, 1.0)
+        && points.windows(2).all(|w| w[0].0 < w[1].0)
+        && points.iter().all(|p| p.1.is_finite() && p.1 > 0.0)
+}
+
+impl ForwardCost {
+    /// Whether the cost can be used: a positive decode time, well-formed r(k) points and a
+    /// finite context term at increasing k.
+    pub fn is_well_formed(&self) -> bool {
+        self.decode_seconds.is_finite()
+            && self.decode_seconds > 0.0
+            && well_formed_ratios(&self.ratios)
+            && self.per_context.windows(2).all(|w| w[0].0 < w[1].0)
+            && self.per_context.iter().all(|p| p.1.is_finite())
+    }
+}
+
 /// Linear interpolation of `(k, value)` points (ascending in k), held at the first value
 /// before the first point and extrapolated from the last two past the end. With no points a
 /// forward over k tokens costs k; with one, it grows in proportion.
@@ -295,6 +316,14 @@ impl CostCache {
         base.join("cascade").join("costs.json")
     }
 
+    /// An empty cache that will be saved at `path`.
+    pub fn empty(path: &Path) -> Self {
+        Self {
+            path: path.to_path_buf(),
+            entries: BTreeMap::new(),
+        }
+    }
+
     /// The cache at `path`; a missing file is an empty cache, an unreadable one an error that
     /// names it.
     pub fn open(path: &Path) -> Result<Self> {
@@ -304,12 +333,15 @@ impl CostCache {
                     Error::config(
                         path.display().to_string(),
                         format!(
-                            "unreadable cost cache ({e}); delete it or run `cascade calibrate`"
+                            "unreadable cost cache ({e}); `cascade calibrate` replaces it, or delete it"
                         ),
                     )
                 })?;
                 if file.version == VERSION {
-                    file.entries
+                    // An entry edited out of shape is measured again.
+                    let mut entries = file.entries;
+                    entries.retain(|_, e| e.cost.is_well_formed());
+                    entries
                 } else {
                     BTreeMap::new() // an older format: measure again
                 }
@@ -527,5 +559,25 @@ mod tests {
             e.starts_with(&format!("{}: unreadable cost cache", path.display())),
             "{e}"
         );
+    }
+
+    #[test]
+    fn cached_costs_out_of_shape_are_measured_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("costs.json");
+        let entry = |decode: f64, ratios: &str| {
+            format!(
+                r#"{{"measured": "now", "cost": {{"decode_seconds": {decode}, "ratios": {ratios}}}}}"#
+            )
+        };
+        let file = format!(
+            r#"{{"version": {VERSION}, "entries": {{"good": {}, "zero": {}, "descending": {}}}}}"#,
+            entry(0.05, "[[1, 1.0], [4, 1.6]]"),
+            entry(0.0, "[[1, 1.0], [4, 1.6]]"),
+            entry(0.05, "[[1, 1.0], [4, 1.6], [2, 1.2]]"),
+        );
+        std::fs::write(&path, file).unwrap();
+        let cache = CostCache::open(&path).unwrap();
+        assert_eq!(cache.entries.keys().collect::<Vec<_>>(), ["good"]);
     }
 }

@@ -299,7 +299,7 @@ impl<'a> BigramCounter<'a> {
 }
 
 /// Files under `roots` (files, or folders searched recursively, symbolic links followed)
-/// whose extension is in `extensions` (all files if empty) and whose path has no component
+/// whose extension is in `extensions` (with or without its dot; all files if empty) and whose path has no component
 /// named in `exclude`, in a stable order. A symbolic link that loops back is skipped.
 pub fn corpus_files(
     roots: &[PathBuf],
@@ -322,10 +322,11 @@ pub fn corpus_files(
                 }
             };
             let p = entry.path();
+            // `py` and `.py` alike.
             let wanted = extensions.is_empty()
                 || p.extension()
                     .and_then(|e| e.to_str())
-                    .is_some_and(|e| extensions.iter().any(|x| x == e));
+                    .is_some_and(|e| extensions.iter().any(|x| x.trim_start_matches('.') == e));
             if entry.file_type().is_file() && wanted {
                 files.push(p.to_path_buf());
             }
@@ -478,5 +479,14 @@ mod walk_tests {
         let none =
             corpus_files(&[dir.path().to_path_buf()], &["py".into()], &["a".into()]).unwrap();
         assert!(none.is_empty());
+    }
+
+    #[test]
+    fn an_extension_may_be_given_with_its_dot() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("x.py"), "print(1)\n").unwrap();
+        std::fs::write(dir.path().join("y.rs"), "fn main() {}\n").unwrap();
+        let files = corpus_files(&[dir.path().to_path_buf()], &[".py".into()], &[]).unwrap();
+        assert_eq!(files, [dir.path().join("x.py")]);
     }
 }

@@ -223,7 +223,7 @@ impl<'a> Measured<'a> {
         let m = self.report.models.iter().find(|m| m.model == name);
         let m = m.ok_or_else(|| Error::Plan(format!("the report has no cost for `{name}`")))?;
         let r = &m.forward_cost;
-        if r.len() < 2 || r[0] != (1, 1.0) || r.windows(2).any(|w| w[0].0 >= w[1].0) {
+        if !crate::costs::well_formed_ratios(r) {
             return Err(Error::Plan(format!(
                 "the report's forward_cost of `{name}` must be (1, 1.0) then points of increasing k"
             )));

@@ -61,11 +61,20 @@ impl Sampling {
         }
     }
 
-    /// Checks the ranges: temperature finite and >= 0, top-p in (0, 1].
+    /// Checks the ranges: temperature finite and >= 0 (and, if not 0, with a finite
+    /// reciprocal), top-p in (0, 1].
     pub fn validate(&self) -> Result<()> {
         if !self.temperature.is_finite() || self.temperature < 0.0 {
             return Err(Error::Sampling(format!(
                 "temperature must be a finite number >= 0, got {}",
+                self.temperature
+            )));
+        }
+        // Logits are divided by the temperature: below f32's smallest normal number that
+        // overflows, and the distribution would be undefined.
+        if self.temperature > 0.0 && self.temperature < f32::MIN_POSITIVE {
+            return Err(Error::Sampling(format!(
+                "temperature {:e} is too small to divide by; use 0 for greedy decoding",
                 self.temperature
             )));
         }
@@ -148,6 +157,9 @@ fn apply_top_p(probs: &mut [f32], top_p: f32) {
     let total: f32 = probs.iter().sum();
     let target = top_p * total;
     let nonzero = probs.iter().filter(|&&p| p > 0.0).count();
+    if nonzero == 0 {
+        return;
+    }
     let mut try_k = 1024.min(nonzero);
     loop {
         let idx = top_indices(probs, try_k);
@@ -311,6 +323,19 @@ mod tests {
     }
 
     #[test]
+    fn the_smallest_accepted_temperature_is_nearly_greedy() {
+        let s = Sampling {
+            temperature: f32::MIN_POSITIVE,
+            top_k: 0,
+            top_p: 0.9,
+        };
+        s.validate().unwrap();
+        let d = s.distribution(&[0.5, 2.0, 1.0, 2.0 - 1e-6]);
+        assert_eq!(d.argmax(), 1);
+        assert!(d.prob(1) > 0.999, "{d:?}");
+    }
+
+    #[test]
     fn invalid_settings_are_refused() {
         let bad = |t: f32, p: f32| {
             Sampling {
@@ -329,6 +354,10 @@ mod tests {
         assert_eq!(
             bad(f32::NAN, 1.0),
             "invalid sampling setting: temperature must be a finite number >= 0, got NaN"
+        );
+        assert_eq!(
+            bad(1e-40, 0.9),
+            "invalid sampling setting: temperature 1e-40 is too small to divide by; use 0 for greedy decoding"
         );
         assert_eq!(
             bad(1.0, 0.0),

@@ -17,6 +17,7 @@ pub struct Tokenizer {
     eos: Vec<u32>,
     chat_template: Option<String>,
     bos_token: Option<String>,
+    bos_id: Option<u32>,
     fingerprint: u64,
 }
 
@@ -41,8 +42,8 @@ impl Tokenizer {
         eos.extend(END_TOKENS.iter().filter_map(|t| inner.token_to_id(t)));
         eos.sort_unstable();
         eos.dedup();
-        let bos_token =
-            token_id("tokenizer.ggml.bos_token_id").and_then(|id| inner.id_to_token(id));
+        let bos_id = token_id("tokenizer.ggml.bos_token_id");
+        let bos_token = bos_id.and_then(|id| inner.id_to_token(id));
         let chat_template = gguf.string("tokenizer.chat_template").ok();
         let fingerprint = fingerprint(&inner);
         Ok(Self {
@@ -50,6 +51,7 @@ impl Tokenizer {
             eos,
             chat_template,
             bos_token,
+            bos_id,
             fingerprint,
         })
     }
@@ -74,17 +76,24 @@ impl Tokenizer {
             eos,
             chat_template: None,
             bos_token: None,
+            bos_id: None,
             fingerprint,
         }
     }
 
-    /// Encodes `text`, with the special tokens the tokenizer adds (BOS).
+    /// Encodes `text`, with the special tokens the tokenizer adds (BOS), but one BOS only: a
+    /// text that starts with it already (a chat template's `bos_token`, as Llama 3's) is not
+    /// given a second, which the model never saw in training.
     pub fn encode(&self, text: &str) -> Result<Vec<u32>> {
         let enc = self
             .inner
             .encode(text, true)
             .map_err(|e| Error::Tokenizer(format!("encoding failed: {e}")))?;
-        Ok(enc.get_ids().to_vec())
+        let ids = enc.get_ids();
+        match (self.bos_id, ids) {
+            (Some(b), [x, y, ..]) if *x == b && *y == b => Ok(ids[1..].to_vec()),
+            _ => Ok(ids.to_vec()),
+        }
     }
 
     /// Encodes `text` as plain text: no BOS or other special tokens added.
@@ -144,4 +153,40 @@ fn fingerprint(t: &tokenizers::Tokenizer) -> u64 {
         h.write_u8(0xff);
     }
     h.finish()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokenizers::models::wordlevel::WordLevel;
+    use tokenizers::processors::template::TemplateProcessing;
+    use tokenizers::AddedToken;
+
+    #[test]
+    fn a_text_that_starts_with_bos_gets_no_second_one() {
+        let words = [("<s>", 0), ("hi", 1), ("there", 2)];
+        let model = WordLevel::builder()
+            .vocab(words.iter().map(|&(w, i)| (w.to_string(), i)).collect())
+            .unk_token("hi".into())
+            .build()
+            .unwrap();
+        let mut inner = tokenizers::Tokenizer::new(model);
+        inner.with_pre_tokenizer(Some(tokenizers::pre_tokenizers::whitespace::Whitespace {}));
+        inner
+            .add_special_tokens([AddedToken::from("<s>", true)])
+            .unwrap();
+        let bos = TemplateProcessing::builder()
+            .try_single("<s> $A")
+            .unwrap()
+            .special_tokens(vec![("<s>", 0)])
+            .build()
+            .unwrap();
+        inner.with_post_processor(Some(bos));
+        let mut t = Tokenizer::from_parts(inner, Vec::new());
+        assert_eq!(t.encode("<s> hi there").unwrap(), [0, 0, 1, 2]);
+        t.bos_id = Some(0);
+        assert_eq!(t.encode("hi there").unwrap(), [0, 1, 2]);
+        assert_eq!(t.encode("<s> hi there").unwrap(), [0, 1, 2]);
+        assert_eq!(t.encode_plain("<s> hi").unwrap(), [0, 1]);
+    }
 }

@@ -217,6 +217,17 @@ fn compare_reports_the_speedup_over_autoregressive_decoding_of_the_same_prompt()
             "missing summary.{key}: {costs}"
         );
     }
+    // With --ignore-eos the plain decoding it is compared with runs past the end of the
+    // answer too (a one-word answer ends within the 12 tokens).
+    let mut args = args.to_vec();
+    args[3] = "--chat";
+    args.push("--ignore-eos");
+    let (ok, out, err) = cascade(&args, Some("Reply with the single word yes."));
+    assert!(ok, "{err}");
+    let doc: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let sample = &doc["samples"][0];
+    assert_eq!(sample["tokens"].as_array().unwrap().len(), 12, "{sample}");
+    assert_eq!(sample["compare"]["same_tokens"], true, "{sample}");
 }
 
 #[test]
@@ -249,20 +260,51 @@ fn errors_are_reported_without_a_panic() {
         err.starts_with("cascade: configs/nope.toml: cannot read config:"),
         "{err}"
     );
-    let (ok, _, err) = cascade(
-        &[
+    // Temperatures refused before any model loads.
+    for (t, message) in [
+        ("-1", "temperature must be a finite number >= 0, got -1"),
+        (
+            "1e-40",
+            "temperature 1e-40 is too small to divide by; use 0 for greedy decoding",
+        ),
+    ] {
+        let args = [
             "generate",
             "-c",
             "configs/autoregressive.toml",
             "-p",
             "x",
             "-t",
-            "-1",
-        ],
-        None,
-    );
+            t,
+        ];
+        let (ok, _, err) = cascade(&args, None);
+        assert!(!ok);
+        assert_eq!(
+            err.trim(),
+            format!("cascade: sampling: invalid sampling setting: {message}")
+        );
+    }
+    for (flag, value, message) in [
+        ("--grace", "1e20", "cascade: --grace must be at most 18446744073709551615 seconds, got 100000000000000000000"),
+        ("--queue", "100000", "cascade: --queue must be at most 4096, got 100000"),
+    ] {
+        let (ok, _, err) = cascade(&["serve", flag, value], None);
+        assert!(!ok);
+        assert_eq!(err.trim(), message);
+    }
+    let plan = [
+        "plan",
+        "-r",
+        "docs/bench/report.json",
+        "-c",
+        "configs/speculative.toml",
+    ];
+    let (ok, _, err) = cascade(&[&plan[..], &["--max-k", "65"]].concat(), None);
     assert!(!ok);
-    assert_eq!(err.trim(), "cascade: sampling: invalid sampling setting: temperature must be a finite number >= 0, got -1");
+    assert_eq!(
+        err.trim(),
+        "cascade: --max-k must be between 1 and 64, got 65"
+    );
     // Planning for a config the report did not bench.
     let dir = tempfile::tempdir().unwrap();
     let (ok, _, err) = cascade(
@@ -289,19 +331,28 @@ fn errors_are_reported_without_a_panic() {
         format!("[target]\nmodel = {:?}\n", smol.display().to_string()),
     )
     .unwrap();
-    let args = [
-        "bench",
-        "-c",
-        "configs/max-gram.toml",
-        other.to_str().unwrap(),
-        "--out",
-        dir.path().to_str().unwrap(),
-    ];
-    let (ok, _, err) = cascade(&args, None);
-    assert!(!ok);
+    // The last line of a bench that must fail, with `args` after the max-gram config.
+    let bench_error = |args: &[&str]| {
+        let out = ["--out", dir.path().to_str().unwrap()];
+        let all = [&["bench", "-c", "configs/max-gram.toml"], args, &out[..]].concat();
+        let (ok, _, err) = cascade(&all, None);
+        assert!(!ok);
+        err.trim().lines().last().unwrap().to_string()
+    };
     assert_eq!(
-        err.trim().lines().last().unwrap(),
+        bench_error(&[other.to_str().unwrap()]),
         "cascade: other: its target differs from `max-gram`'s; bench compares configs over one target"
+    );
+    // A suite prompt that cannot run stops the bench before its first run.
+    let suite = dir.path().join("suite.jsonl");
+    std::fs::write(
+        &suite,
+        "{\"category\": \"qa\", \"prompt\": \"2+2?\"}\n{\"category\": \"chat\", \"prompt\": \"\", \"chat\": false}\n",
+    )
+    .unwrap();
+    assert_eq!(
+        bench_error(&["-p", suite.to_str().unwrap()]),
+        "cascade: --prompts: prompt 1 of the suite (chat) is empty"
     );
     // A report whose target costs are unusable, and one of another schema.
     let report = dir.path().join("report.json");

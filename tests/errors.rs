@@ -73,6 +73,16 @@ fn context_and_generation_lengths_out_of_range() {
 }
 
 #[test]
+fn an_empty_stop_string_is_refused_with_its_path() {
+    assert_eq!(
+        config_error(&format!(
+            "{TARGET_ONLY}[generation]\nstop = [\"END\", \"\"]\n"
+        )),
+        "generation.stop[1]: a stop string is empty (it would stop before any text)"
+    );
+}
+
+#[test]
 fn negative_or_nan_temperature() {
     assert_eq!(
         config_error(&format!("{TARGET_ONLY}[sampling]\ntemperature = -1.0\n")),
@@ -232,6 +242,32 @@ fn unsupported_architecture_is_named_before_the_tokenizer_loads() {
     );
 }
 
+#[test]
+fn an_unsupported_quantization_is_named() {
+    let mut src = std::fs::read(models_dir().join(SMOLLM2)).unwrap();
+    // Tensor info: name, u32 dimension count, u64 dimensions, u32 type id (Q4_1 is 3).
+    let name = b"blk.0.attn_q.weight";
+    let at = src.windows(name.len()).position(|w| w == name).unwrap() + name.len();
+    let dims = u32::from_le_bytes(src[at..at + 4].try_into().unwrap()) as usize;
+    let ty = at + 4 + 8 * dims;
+    assert_eq!(src[ty..ty + 4], 3u32.to_le_bytes());
+    src[ty..ty + 4].copy_from_slice(&23u32.to_le_bytes()); // IQ4_XS
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("iq4.gguf");
+    std::fs::write(&path, &src).unwrap();
+    let e = LoadedModel::load(&path, None, &mut |_, _| {})
+        .err()
+        .unwrap()
+        .to_string();
+    assert_eq!(
+        e,
+        format!(
+            "cannot read GGUF file {}: tensor `blk.0.attn_q.weight` is IQ4_XS, a type cascade cannot read (it reads F32, F16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 and Q2_K to Q6_K)",
+            path.display()
+        )
+    );
+}
+
 /// The bench refuses configs over different targets by comparing their paths, and models are
 /// loaded once per path: one file named two ways must give one path.
 #[test]
@@ -332,6 +368,24 @@ fn malformed_acceptance_priors() {
     );
 }
 
+/// The engine of config `toml` (paths relative to the models folder), after it generated
+/// `n` greedy tokens of a short code prompt, and that generation.
+fn generate_with(toml: &str, n: usize) -> (cascade::engine::Engine, cascade::engine::Generation) {
+    let mut engine = RawConfig::parse(toml, "t")
+        .unwrap()
+        .validate(&models_dir())
+        .unwrap()
+        .build(&mut |_, _, _| {})
+        .unwrap();
+    let prompt = engine.tokenizer.encode("def add(a, b):").unwrap();
+    let opts = cascade::engine::GenerateOptions {
+        max_new_tokens: n,
+        ..Default::default()
+    };
+    let out = engine.generate(&prompt, &opts, &mut |_| {}).unwrap();
+    (engine, out)
+}
+
 /// A Max-Gram history: its size in range, a path that is not a folder, and a file that is
 /// damaged or written for another tokenizer refused when the engine is built.
 #[test]
@@ -367,18 +421,7 @@ fn a_max_gram_history_out_of_range_damaged_or_foreign_is_refused() {
     // A history written through the 0.5B's tokenizer, then read with SmolLM2's.
     let path = dir.path().join("outputs.hist");
     let history = format!("history = \"{}\"\n", path.display());
-    let mut engine = RawConfig::parse(&mag(DRAFT, &history), "t")
-        .unwrap()
-        .validate(&models_dir())
-        .unwrap()
-        .build(&mut |_, _, _| {})
-        .unwrap();
-    let prompt = engine.tokenizer.encode("def add(a, b):").unwrap();
-    let opts = cascade::engine::GenerateOptions {
-        max_new_tokens: 4,
-        ..Default::default()
-    };
-    engine.generate(&prompt, &opts, &mut |_| {}).unwrap();
+    generate_with(&mag(DRAFT, &history), 4);
     assert!(path.is_file());
     let e = build(mag(SMOLLM2, &history)).unwrap_err().to_string();
     assert!(
@@ -394,6 +437,25 @@ fn a_max_gram_history_out_of_range_damaged_or_foreign_is_refused() {
     std::fs::write(&path, &bytes).unwrap();
     let e = build(mag(DRAFT, &history)).unwrap_err().to_string();
     assert!(e.contains("truncated or corrupt"), "{e}");
+}
+
+/// A Max-Gram node placed twice in the tree (here, both parts of a schedule) shares its
+/// history, and each output goes in once.
+#[test]
+fn a_history_named_by_two_nodes_records_each_output_once() {
+    let _s = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("outputs.hist");
+    let toml = format!(
+        "[target]\nmodel = \"{DRAFT}\"\ndrafter = \"h\"\n[drafters.mag]\nkind = \"max_gram\"\nhistory = \"{}\"\n[drafters.h]\nkind = \"horizontal\"\nschedule = [[\"mag\", 2], [\"mag\", 2]]\n",
+        path.display()
+    );
+    let (engine, out) = generate_with(&toml, 6);
+    let vocab = engine.target().vocab_size();
+    let fingerprint = engine.tokenizer.fingerprint();
+    let history = cascade::drafter::History::open(&path, fingerprint, vocab, 1000, 16).unwrap();
+    // The output and its separator, once.
+    assert_eq!(history.len(), out.tokens.len() + 1);
 }
 
 #[test]

@@ -254,6 +254,21 @@ pub fn run(
             t.encode(&text)
         })
         .collect::<Result<_>>()?;
+    // Checked before the first run, so that a bad prompt does not end the bench halfway.
+    let context = engines.iter().map(|(_, e, _)| e.target().max_len()).min();
+    for (i, (p, tokens)) in suite.iter().zip(&prompts).enumerate() {
+        let problem = match context {
+            _ if tokens.is_empty() => "is empty".to_string(),
+            Some(c) if tokens.len() >= c => {
+                format!("has {} tokens but the context holds {c}", tokens.len())
+            }
+            _ => continue,
+        };
+        return Err(Error::config(
+            "--prompts",
+            format!("prompt {i} of the suite ({}) {problem}", p.category),
+        ));
+    }
     let n = engines.len();
     let total = (opts.warmup_prompts.min(suite.len()) + suite.len() * opts.repeats) * n;
     let mut done = 0;

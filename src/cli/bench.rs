@@ -187,8 +187,13 @@ pub fn bench_command(args: BenchArgs) -> Result<Report> {
 
 pub fn plan(args: PlanArgs) -> Result<()> {
     use cascade::planner;
-    if args.max_k == 0 {
-        bail!("--max-k must be >= 1");
+    // A config holds at most MAX_DRAFT tokens per draft: a plan above it could not be written.
+    if !(1..=cascade::config::MAX_DRAFT).contains(&args.max_k) {
+        bail!(
+            "--max-k must be between 1 and {}, got {}",
+            cascade::config::MAX_DRAFT,
+            args.max_k
+        );
     }
     let (report, from) = match &args.report {
         Some(path) => {
@@ -298,7 +303,11 @@ pub fn calibrate(args: CalibrateArgs) -> Result<()> {
         }
     }
     let path = args.cache.unwrap_or_else(CostCache::default_path);
-    let mut cache = CostCache::open(&path)?;
+    // Everything is measured again: an unreadable cache is replaced.
+    let mut cache = CostCache::open(&path).unwrap_or_else(|e| {
+        eprintln!("cascade: warning: {e}: replacing it");
+        CostCache::empty(&path)
+    });
     let subjects: Vec<Subject> = models
         .iter()
         .map(|m| m.as_ref().into())

@@ -109,12 +109,17 @@ pub fn generate(args: GenerateArgs) -> Result<()> {
     if args.num_samples == 0 {
         bail!("--num-samples must be >= 1");
     }
-    let plan = load_plan(&args.config, &raw)?;
+    let mut plan = load_plan(&args.config, &raw)?;
+    // In the plan's options, so that --compare's plain decoding ignores it too.
+    plan.options.ignore_eos = args.ignore_eos;
     if plan.options.lenience != 1.0 {
         eprintln!(
             "cascade: warning: lenience {} at the target: the output is no longer exactly the target's",
             plan.options.lenience
         );
+    }
+    if !plan.chat && plan.system.is_some() {
+        eprintln!("cascade: warning: a system prompt is used only with the chat template (--chat)");
     }
     let prompt_text = read_prompt(&args)?;
     let mut store = ModelStore::default();
@@ -129,7 +134,6 @@ pub fn generate(args: GenerateArgs) -> Result<()> {
     for i in 0..args.num_samples as u64 {
         let mut opts = plan.options.clone();
         opts.seed += i;
-        opts.ignore_eos = args.ignore_eos;
         if args.compare {
             // Compared with decoding that reads the prompt whole: so does every sample.
             engine.forget();

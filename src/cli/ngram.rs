@@ -42,7 +42,11 @@ pub fn ngram_build(args: BuildArgs) -> Result<()> {
     let tokenizer = cascade::tokenizer::Tokenizer::from_file(&args.tokenizer)?;
     let files = corpus_files(&args.corpus, &args.ext, &args.exclude)?;
     if files.is_empty() {
-        bail!("no corpus files found under {:?}", args.corpus);
+        let only = match args.ext.is_empty() {
+            true => String::new(),
+            false => format!(" with extension {}", args.ext.join(", ")),
+        };
+        bail!("no corpus files{only} found under {:?}", args.corpus);
     }
     let bytes: u64 = files
         .iter()

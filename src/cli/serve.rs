@@ -9,6 +9,9 @@ use clap::Args;
 use std::path::PathBuf;
 use std::time::Duration;
 
+/// Most requests that may wait: the queue's slots are allocated up front.
+const MAX_QUEUE: usize = 4096;
+
 #[derive(Args)]
 pub struct ServeArgs {
     /// TOML config naming the target, the drafter and the default settings.
@@ -33,6 +36,16 @@ pub fn serve_command(args: ServeArgs) -> Result<()> {
             args.grace
         );
     }
+    let Ok(grace) = Duration::try_from_secs_f64(args.grace) else {
+        bail!(
+            "--grace must be at most {} seconds, got {}",
+            u64::MAX,
+            args.grace
+        );
+    };
+    if args.queue > MAX_QUEUE {
+        bail!("--queue must be at most {MAX_QUEUE}, got {}", args.queue);
+    }
     let raw = RawConfig::load(&args.config)?;
     let plan = load_plan(&args.config, &raw)?;
     if plan.options.lenience != 1.0 {
@@ -43,8 +56,9 @@ pub fn serve_command(args: ServeArgs) -> Result<()> {
         host: args.host,
         port: args.port,
         queue: args.queue,
-        grace: Duration::from_secs_f64(args.grace),
+        grace,
         model: label(&args.config),
+        system: plan.system.clone(),
     };
     let model = opts.model.clone();
     serve(engine, plan.options.clone(), opts, |addr| {

@@ -6,7 +6,7 @@ use super::{PluginContext, Registry};
 use crate::costs::{CostCache, CostEvent, ForwardCost, Subject};
 use crate::drafter::{
     AdaptiveCascade, BigramDrafter, Drafter, History, HorizontalCascade, MaxGramDrafter,
-    NeuralDrafter, VerticalCascade,
+    NeuralDrafter, SharedHistory, VerticalCascade,
 };
 use crate::engine::Engine;
 use crate::error::{Error, Result};
@@ -33,6 +33,7 @@ impl Plan {
             registry: &self.registry,
             store,
             tables: HashMap::new(),
+            histories: HashMap::new(),
             progress,
             context: self.context,
             costs: None,
@@ -68,6 +69,7 @@ struct Builder<'a> {
     registry: &'a Registry,
     store: &'a mut ModelStore,
     tables: HashMap<PathBuf, Arc<BigramTable>>,
+    histories: HashMap<PathBuf, SharedHistory>,
     progress: &'a mut dyn FnMut(&str, usize, usize),
     context: Option<usize>,
     /// Opened when an adaptive node needs a measured cost.
@@ -170,13 +172,25 @@ impl Builder<'_> {
                     .transpose()?;
                 let drafter = MaxGramDrafter::new(name, *policy, table);
                 Box::new(match history {
-                    Some((path, tokens)) => drafter.with_history(History::open(
-                        path,
-                        target.tokenizer.fingerprint(),
-                        target.weights.vocab_size(),
-                        *tokens,
-                        policy.max_ngram,
-                    )?),
+                    Some((path, tokens)) => {
+                        // Nodes naming one file share it (the first one's settings), and the
+                        // first records: a node placed twice in the tree records once.
+                        let shared = match self.histories.get(path) {
+                            Some(h) => h.reader(),
+                            None => {
+                                let h = SharedHistory::from(History::open(
+                                    path,
+                                    target.tokenizer.fingerprint(),
+                                    target.weights.vocab_size(),
+                                    *tokens,
+                                    policy.max_ngram,
+                                )?);
+                                self.histories.insert(path.clone(), h.clone());
+                                h
+                            }
+                        };
+                        drafter.with_history(shared)
+                    }
                     None => drafter,
                 })
             }

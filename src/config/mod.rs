@@ -39,4 +39,6 @@ mod validate;
 pub use build::{check_vocab, file_label, trimmed_tokens};
 pub use registry::{PluginContext, Registry};
 pub use schema::{RawConfig, RawDrafter, RawGeneration, RawTarget, BUILT_IN_KINDS};
-pub use validate::{DrafterNode, DrafterPlan, KMatrixRole, ModelPlan, Plan, TrimmedVocabulary};
+pub use validate::{
+    DrafterNode, DrafterPlan, KMatrixRole, ModelPlan, Plan, TrimmedVocabulary, MAX_DRAFT,
+};

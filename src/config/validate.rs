@@ -257,6 +257,12 @@ impl RawConfig {
             MAX_CONTEXT,
             "tokens",
         )?;
+        if let Some(i) = self.generation.stop.iter().position(String::is_empty) {
+            return Err(Error::config(
+                format!("generation.stop[{i}]"),
+                "a stop string is empty (it would stop before any text)",
+            ));
+        }
         self.sampling
             .validate()
             .map_err(|e| Error::config("sampling", e.to_string()))?;

@@ -19,6 +19,7 @@
 
 use crate::error::{Error, Result};
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 const MAGIC: &[u8; 8] = b"CSHISTRY";
 const VERSION: u32 = 1;
@@ -38,6 +39,46 @@ pub struct History {
     tokens: Vec<u32>,
     /// Positions of `tokens` that start with a token, sorted by the tokens from there.
     suffixes: Vec<u32>,
+}
+
+/// A [`History`] as the Max-Gram nodes of one tree hold it: every node that names the file
+/// reads the same one, and only the first records, so each output goes in once.
+#[derive(Clone)]
+pub struct SharedHistory {
+    history: Arc<Mutex<History>>,
+    records: bool,
+}
+
+impl SharedHistory {
+    /// Another node's view of the same history: it reads, but does not record.
+    pub fn reader(&self) -> Self {
+        Self {
+            history: self.history.clone(),
+            records: false,
+        }
+    }
+
+    /// The history (a panic elsewhere leaves it whole: every change is made before saving).
+    pub fn lock(&self) -> MutexGuard<'_, History> {
+        self.history.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Records `output` if this view is the recording one ([`History::record`]).
+    pub fn record(&self, output: &[u32]) -> Result<()> {
+        match self.records {
+            true => self.lock().record(output),
+            false => Ok(()),
+        }
+    }
+}
+
+impl From<History> for SharedHistory {
+    fn from(history: History) -> Self {
+        Self {
+            history: Arc::new(Mutex::new(history)),
+            records: true,
+        }
+    }
 }
 
 /// Where an earlier output continues the text's suffix.

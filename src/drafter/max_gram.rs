@@ -3,7 +3,7 @@
 //! earlier outputs kept on disk ([`History`]).
 
 use super::bigram::follow_table;
-use super::history::History;
+use super::history::SharedHistory;
 use crate::draft::{Draft, Drafter, NodeKind, NodeStats, Request};
 use crate::error::Result;
 use crate::model::common_prefix;
@@ -240,7 +240,7 @@ pub struct MaxGramDrafter {
     policy: MaxGramPolicy,
     index: MaxGram,
     table: Option<Arc<BigramTable>>,
-    history: Option<History>,
+    history: Option<SharedHistory>,
     /// Leading tokens of the index known to be committed.
     committed: usize,
 }
@@ -263,9 +263,10 @@ impl MaxGramDrafter {
     }
 
     /// Also copies from the earlier outputs of `history` (where a longer suffix matches there
-    /// than in the text itself), and records each finished output in it.
-    pub fn with_history(mut self, history: History) -> Self {
-        self.history = Some(history);
+    /// than in the text itself), and records each finished output in it (a
+    /// [`History`](super::History), or a [`SharedHistory`] that another node records).
+    pub fn with_history(mut self, history: impl Into<SharedHistory>) -> Self {
+        self.history = Some(history.into());
         self
     }
 
@@ -287,10 +288,8 @@ impl Drafter for MaxGramDrafter {
         self.sync(context);
         let mut draft = Draft::new();
         let own = self.index.best_continuation();
-        let earlier = self
-            .history
-            .as_ref()
-            .and_then(|h| h.best_continuation(context));
+        let history = self.history.as_ref().map(SharedHistory::lock);
+        let earlier = history.as_ref().and_then(|h| h.best_continuation(context));
         // The longer match wins; the text itself on a tie.
         let (len, share) = match (own, earlier) {
             (_, Some(e)) if own.is_none_or(|(m, _)| e.len > m.len) => (e.len, e.share),
@@ -305,10 +304,7 @@ impl Drafter for MaxGramDrafter {
             let cap = cap.min(request.remaining());
             let copied = match (own, earlier) {
                 (Some((m, _)), _) if m.len == len => self.index.copy(m, cap),
-                (_, Some(e)) => self
-                    .history
-                    .as_ref()
-                    .map_or(Vec::new(), |h| h.copy(e.at, cap)),
+                (_, Some(e)) => history.as_ref().map_or(Vec::new(), |h| h.copy(e.at, cap)),
                 _ => Vec::new(),
             };
             for (i, t) in copied.into_iter().enumerate() {
@@ -341,7 +337,7 @@ impl Drafter for MaxGramDrafter {
     }
 
     fn finish(&mut self, output: &[u32]) -> Result<()> {
-        match &mut self.history {
+        match &self.history {
             Some(h) => h.record(output),
             None => Ok(()),
         }
@@ -454,7 +450,7 @@ mod tests {
     fn a_history_lends_earlier_outputs_where_they_match_longer() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("h.hist");
-        let history = || History::open(&path, 1, 50, 1000, 8).unwrap();
+        let history = || crate::drafter::History::open(&path, 1, 50, 1000, 8).unwrap();
         let policy = MaxGramPolicy {
             length_per_match: 0.0,
             ..Default::default()

@@ -16,7 +16,7 @@ mod vertical;
 pub use crate::draft::{Draft, Drafter, NodeKind, NodeStats, Request};
 pub use adaptive::AdaptiveCascade;
 pub use bigram::BigramDrafter;
-pub use history::{History, HistoryMatch};
+pub use history::{History, HistoryMatch, SharedHistory};
 pub use horizontal::HorizontalCascade;
 pub use max_gram::{MaxGram, MaxGramDrafter, MaxGramPolicy};
 pub use neural::NeuralDrafter;

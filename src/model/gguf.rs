@@ -316,6 +316,30 @@ fn dtype(id: u32) -> Option<GgmlDType> {
     })
 }
 
+/// Names of GGUF tensor types that exist but that the loader does not read.
+fn unsupported_type(id: u32) -> Option<&'static str> {
+    Some(match id {
+        16 => "IQ2_XXS",
+        17 => "IQ2_XS",
+        18 => "IQ3_XXS",
+        19 => "IQ1_S",
+        20 => "IQ4_NL",
+        21 => "IQ3_S",
+        22 => "IQ2_S",
+        23 => "IQ4_XS",
+        24 => "I8",
+        25 => "I16",
+        26 => "I32",
+        27 => "I64",
+        28 => "F64",
+        29 => "IQ1_M",
+        34 => "TQ1_0",
+        35 => "TQ2_0",
+        39 => "MXFP4",
+        _ => return None,
+    })
+}
+
 fn read_header<R: Read>(r: &mut HeaderReader<'_, R>) -> Result<(Content, Layout)> {
     let magic = r.u32()?;
     if magic != MAGIC {
@@ -364,8 +388,15 @@ fn read_header<R: Read>(r: &mut HeaderReader<'_, R>) -> Result<(Content, Layout)
         }
         let type_id = r.u32()?;
         let offset = r.u64()?;
-        let ggml_dtype = dtype(type_id)
-            .ok_or_else(|| malformed(format!("tensor `{name}` has unknown type id {type_id}")))?;
+        let ggml_dtype = dtype(type_id).ok_or_else(|| {
+            malformed(match unsupported_type(type_id) {
+                Some(kind) => format!(
+                    "tensor `{name}` is {kind}, a type cascade cannot read (it reads F32, F16, \
+                     Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 and Q2_K to Q6_K)"
+                ),
+                None => format!("tensor `{name}` has unknown type id {type_id}"),
+            })
+        })?;
         let elems = dims
             .iter()
             .try_fold(1u64, |acc, &d| acc.checked_mul(d))

@@ -1,7 +1,7 @@
 //! The OpenAI wire format: requests parsed and checked field by field, responses and
 //! stream chunks built, errors as OpenAI-style JSON.
 
-use crate::engine::{FinishReason, Generation};
+use crate::engine::{FinishReason, GenerateOptions, Generation};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
@@ -51,7 +51,10 @@ impl IntoResponse for ApiError {
 
 /// Text given as a string or as an array of `{"type": "text", "text": ...}` parts.
 #[derive(Deserialize)]
-#[serde(untagged)]
+#[serde(
+    untagged,
+    expecting = "must be a string or an array of {\"type\": \"text\", \"text\": ...} parts (lists of prompts and token ids are not supported)"
+)]
 pub enum Content {
     Text(String),
     Parts(Vec<Part>),
@@ -91,7 +94,7 @@ pub struct Message {
 }
 
 #[derive(Deserialize)]
-#[serde(untagged)]
+#[serde(untagged, expecting = "must be a string or an array of strings")]
 pub enum Stop {
     One(String),
     Many(Vec<String>),
@@ -166,6 +169,23 @@ pub fn parse<T: serde::de::DeserializeOwned>(body: &Value) -> Result<T, ApiError
     })
 }
 
+impl Settings {
+    /// The generation options of this request: its settings where it gives them, the config's
+    /// (`defaults`) elsewhere; at most `room` new tokens.
+    pub fn options(&self, defaults: &GenerateOptions, room: usize) -> GenerateOptions {
+        let mut opts = defaults.clone();
+        opts.max_new_tokens = self.max_tokens.unwrap_or(opts.max_new_tokens).min(room);
+        opts.sampling.temperature = self.temperature.unwrap_or(opts.sampling.temperature);
+        opts.sampling.top_p = self.top_p.unwrap_or(opts.sampling.top_p);
+        opts.sampling.top_k = self.top_k.unwrap_or(opts.sampling.top_k);
+        opts.seed = self.seed.unwrap_or(opts.seed);
+        if let Some(stop) = &self.stop {
+            opts.stop = stop.clone();
+        }
+        opts
+    }
+}
+
 /// The checked settings of one request.
 pub struct Settings {
     pub max_tokens: Option<usize>,
@@ -173,7 +193,8 @@ pub struct Settings {
     pub top_p: Option<f32>,
     pub top_k: Option<usize>,
     pub seed: Option<u64>,
-    pub stop: Vec<String>,
+    /// The request's stop strings; `None` keeps the config's.
+    pub stop: Option<Vec<String>>,
     pub n: usize,
     pub stream: bool,
     pub include_usage: bool,
@@ -219,15 +240,17 @@ impl Common {
             ));
         }
         let stop = match &self.stop {
-            None => Vec::new(),
-            Some(Stop::One(s)) => vec![s.clone()],
-            Some(Stop::Many(v)) => v.clone(),
+            None => None,
+            Some(Stop::One(s)) => Some(vec![s.clone()]),
+            Some(Stop::Many(v)) => Some(v.clone()),
         };
-        if stop.len() > 4 {
-            return Err(ApiError::invalid("stop", "at most 4 stop strings"));
-        }
-        if stop.iter().any(String::is_empty) {
-            return Err(ApiError::invalid("stop", "a stop string is empty"));
+        if let Some(stop) = &stop {
+            if stop.len() > 4 {
+                return Err(ApiError::invalid("stop", "at most 4 stop strings"));
+            }
+            if stop.iter().any(String::is_empty) {
+                return Err(ApiError::invalid("stop", "a stop string is empty"));
+            }
         }
         let prediction = match &self.prediction {
             None => None,
@@ -258,8 +281,9 @@ impl Common {
 }
 
 impl ChatRequest {
-    /// The conversation as `(role, content)` turns.
-    pub fn turns(&self) -> Result<Vec<(String, String)>, ApiError> {
+    /// The conversation as `(role, content)` turns, opened by `system` (the config's) if it
+    /// has no system turn of its own.
+    pub fn turns(&self, system: Option<&str>) -> Result<Vec<(String, String)>, ApiError> {
         if self.messages.is_empty() {
             return Err(ApiError::invalid(
                 "messages",
@@ -285,7 +309,13 @@ impl ChatRequest {
                     m.content.text(&format!("messages[{i}].content"))?,
                 ))
             })
-            .collect()
+            .collect::<Result<Vec<_>, _>>()
+            .map(|mut turns| {
+                if let Some(system) = system.filter(|_| turns.iter().all(|t| t.0 != "system")) {
+                    turns.insert(0, ("system".into(), system.into()));
+                }
+                turns
+            })
     }
 }
 
@@ -364,5 +394,69 @@ impl Endpoint {
                 "index": index, "text": text.unwrap_or(""), "finish_reason": reason, "logprobs": null,
             }),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn settings(body: &str) -> Settings {
+        let r: Common = serde_json::from_str(body).unwrap();
+        r.settings().unwrap_or_else(|e| panic!("{}", e.message))
+    }
+
+    #[test]
+    fn the_configs_system_prompt_opens_a_chat_without_one() {
+        let chat = |body: &str| {
+            let r: ChatRequest = serde_json::from_str(body).unwrap();
+            r.turns(Some("Be brief.")).unwrap()
+        };
+        let user = r#"{"messages": [{"role": "user", "content": "hi"}]}"#;
+        assert_eq!(
+            chat(user),
+            [
+                ("system".into(), "Be brief.".into()),
+                ("user".into(), "hi".into())
+            ]
+        );
+        let own = r#"{"messages": [{"role": "developer", "content": "Be long."}, {"role": "user", "content": "hi"}]}"#;
+        assert_eq!(
+            chat(own),
+            [
+                ("system".into(), "Be long.".into()),
+                ("user".into(), "hi".into())
+            ]
+        );
+    }
+
+    #[test]
+    fn a_prompt_list_is_refused_with_what_is_accepted() {
+        let body = serde_json::json!({"prompt": ["a", "b"]});
+        let e = parse::<CompletionRequest>(&body).err().unwrap();
+        assert_eq!(e.status, StatusCode::BAD_REQUEST);
+        assert_eq!(
+            e.message,
+            "prompt: must be a string or an array of {\"type\": \"text\", \"text\": ...} parts (lists of prompts and token ids are not supported)"
+        );
+    }
+
+    #[test]
+    fn unset_settings_take_the_configs_values() {
+        let mut defaults = GenerateOptions {
+            stop: vec!["\n\n".into()],
+            max_new_tokens: 100,
+            ..Default::default()
+        };
+        defaults.sampling.temperature = 0.7;
+        let o = settings(r#"{"prompt": "x"}"#).options(&defaults, 50);
+        assert_eq!(o.stop, ["\n\n"]);
+        assert_eq!(o.sampling.temperature, 0.7);
+        assert_eq!(o.max_new_tokens, 50); // the context's room
+        let body = r#"{"prompt": "x", "stop": ["END"], "temperature": 0, "max_tokens": 7}"#;
+        let o = settings(body).options(&defaults, 50);
+        assert_eq!(o.stop, ["END"]);
+        assert_eq!(o.sampling.temperature, 0.0);
+        assert_eq!(o.max_new_tokens, 7);
     }
 }

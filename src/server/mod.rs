@@ -44,6 +44,8 @@ pub struct ServeOptions {
     pub grace: Duration,
     /// The model id `/v1/models` lists.
     pub model: String,
+    /// The system prompt of chats that bring none (the config's `generation.system`).
+    pub system: Option<String>,
 }
 
 /// What every handler shares.
@@ -53,6 +55,7 @@ struct App {
     defaults: GenerateOptions,
     context: usize,
     model: String,
+    system: Option<String>,
     metrics: Arc<Metrics>,
     next_id: AtomicU64,
 }
@@ -73,6 +76,7 @@ pub fn serve(
         context: engine.target().max_len(),
         defaults,
         model: opts.model.clone(),
+        system: opts.system.clone(),
         metrics: metrics.clone(),
         next_id: AtomicU64::new(1),
     });
@@ -110,6 +114,12 @@ pub fn serve(
             tokio::spawn(async move {
                 tokio::time::sleep(grace).await;
                 abort.store(true, Ordering::Relaxed);
+            });
+            // A second signal does not wait for the grace period.
+            tokio::spawn(async {
+                stop_signal().await;
+                eprintln!("cascade: second signal: exiting now");
+                std::process::exit(130);
             });
         };
         axum::serve(listener, router)
@@ -152,7 +162,13 @@ async fn chat(State(app): State<Arc<App>>, body: Bytes) -> Response {
         let body = api::body(&body)?;
         let req: api::ChatRequest = api::parse(&body)?;
         let settings = api::parse::<api::Common>(&body)?.settings()?;
-        let turns = req.turns()?;
+        if app.tokenizer.chat_template().is_none() {
+            return Err(ApiError::new(
+                StatusCode::NOT_IMPLEMENTED,
+                "the model has no chat template: use /v1/completions",
+            ));
+        }
+        let turns = req.turns(app.system.as_deref())?;
         let turns: Vec<(&str, &str)> = turns
             .iter()
             .map(|(r, c)| (r.as_str(), c.as_str()))
@@ -228,16 +244,7 @@ async fn respond(
         None => None,
     };
     let cancel = Arc::new(AtomicBool::new(false));
-    let mut opts = app.defaults.clone();
-    opts.max_new_tokens = s
-        .max_tokens
-        .unwrap_or(opts.max_new_tokens)
-        .min(app.context - prompt.len());
-    opts.sampling.temperature = s.temperature.unwrap_or(opts.sampling.temperature);
-    opts.sampling.top_p = s.top_p.unwrap_or(opts.sampling.top_p);
-    opts.sampling.top_k = s.top_k.unwrap_or(opts.sampling.top_k);
-    opts.seed = s.seed.unwrap_or(opts.seed);
-    opts.stop = s.stop.clone();
+    let mut opts = s.options(&app.defaults, app.context - prompt.len());
     opts.cancel = Some(cancel.clone());
     let (events, rx) = unbounded_channel();
     let prompt_tokens = prompt.len();

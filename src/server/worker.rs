@@ -6,6 +6,8 @@ use crate::draft::{Draft, Drafter, NodeStats, Request};
 use crate::drafter::{AdaptiveCascade, PredictionDrafter};
 use crate::engine::{Engine, FinishReason, GenerateOptions, Generation};
 use crate::error::Result;
+use std::any::Any;
+use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::Receiver;
 use std::sync::{Arc, Mutex};
@@ -84,6 +86,16 @@ impl Drafter for Lent {
     }
 }
 
+/// The text of a panic's payload.
+fn panic_message(panic: &(dyn Any + Send)) -> String {
+    let text = panic
+        .downcast_ref::<&str>()
+        .copied()
+        .or_else(|| panic.downcast_ref::<String>().map(String::as_str))
+        .unwrap_or("(no message)");
+    format!("the engine failed on this request ({text}); its caches were emptied")
+}
+
 /// Runs jobs until the channel closes. `abort` cancels whatever runs (shutdown's grace
 /// period is over).
 pub fn run(mut engine: Engine, jobs: Receiver<Job>, metrics: Arc<Metrics>, abort: Arc<AtomicBool>) {
@@ -91,6 +103,12 @@ pub fn run(mut engine: Engine, jobs: Receiver<Job>, metrics: Arc<Metrics>, abort
     while let Ok(job) = jobs.recv() {
         metrics.queued.fetch_sub(1, Ordering::Relaxed);
         if job.events.is_closed() {
+            metrics.cancelled();
+            continue;
+        }
+        // Past the grace period, queued requests are not started: dropping the job tells
+        // its handler the server is shutting down.
+        if abort.load(Ordering::Relaxed) {
             metrics.cancelled();
             continue;
         }
@@ -112,15 +130,25 @@ pub fn run(mut engine: Engine, jobs: Receiver<Job>, metrics: Arc<Metrics>, abort
             opts.seed = opts.seed.wrapping_add(index as u64);
             let cancel = opts.cancel.clone().unwrap_or_default();
             let events = &job.events;
-            let out = engine.generate(&job.prompt, &opts, &mut |piece| {
-                if events.is_closed() || abort.load(Ordering::Relaxed) {
-                    cancel.store(true, Ordering::Relaxed);
-                } else if !piece.is_empty() {
-                    let _ = events.send(Event::Text {
-                        index,
-                        text: piece.to_string(),
-                    });
-                }
+            // A panic (a bug) fails this request, not the server: the caches, which it may
+            // have left half-updated, are emptied and the next request starts afresh.
+            let out = catch_unwind(AssertUnwindSafe(|| {
+                engine
+                    .generate(&job.prompt, &opts, &mut |piece| {
+                        if events.is_closed() || abort.load(Ordering::Relaxed) {
+                            cancel.store(true, Ordering::Relaxed);
+                        } else if !piece.is_empty() {
+                            let _ = events.send(Event::Text {
+                                index,
+                                text: piece.to_string(),
+                            });
+                        }
+                    })
+                    .map_err(|e| e.to_string())
+            }))
+            .unwrap_or_else(|panic| {
+                engine.forget();
+                Err(panic_message(&*panic))
             });
             for w in out.iter().flat_map(|g| &g.warnings) {
                 eprintln!("cascade: warning: {w}");
@@ -140,7 +168,7 @@ pub fn run(mut engine: Engine, jobs: Receiver<Job>, metrics: Arc<Metrics>, abort
                 }
                 Err(e) => {
                     metrics.failed();
-                    let _ = events.send(Event::Failed(e.to_string()));
+                    let _ = events.send(Event::Failed(e));
                     break;
                 }
             }
