@@ -177,3 +177,43 @@ fn a_drafter_that_cannot_record_the_output_costs_a_warning_not_the_output() {
     }
     assert_eq!(finished.load(Ordering::Relaxed), 5);
 }
+
+/// A draft model or reviewer whose context is shorter than the target's stops drafting where
+/// the text outgrows it (or does not start, if the prompt does not fit); the generation goes on
+/// with the target's own tokens.
+#[test]
+fn a_drafter_with_a_shorter_context_stops_drafting_where_the_text_outgrows_it() {
+    let short = |max_len: usize| {
+        let mut m = toy();
+        m.max_len = max_len;
+        m
+    };
+    let opts = GenerateOptions {
+        max_new_tokens: 8,
+        ..Default::default()
+    };
+    let prompt = [1, 2, 3, 4, 5, 1, 2, 3];
+    let run = |drafter: Option<Box<dyn Drafter>>| {
+        let mut e = Engine::new(toy(), drafter, toy_tokenizer(VOCAB));
+        e.generate(&prompt, &opts, &mut |_| {}).unwrap()
+    };
+    let plain = run(None);
+    // Room for a few draft tokens, then none.
+    let neural = run(Some(Box::new(NeuralDrafter::new("n", short(11)))));
+    assert_eq!(neural.tokens, plain.tokens);
+    assert!(neural.stats.drafted > 0);
+    // The prompt itself does not fit.
+    let neural = run(Some(Box::new(NeuralDrafter::new("n", short(6)))));
+    assert_eq!(neural.tokens, plain.tokens);
+    assert_eq!(neural.stats.drafted, 0);
+    let inner = Box::new(NeuralDrafter::new("n", toy()));
+    let vertical = run(Some(Box::new(VerticalCascade::new(
+        "v",
+        short(6),
+        inner,
+        3,
+        1.0,
+    ))));
+    assert_eq!(vertical.tokens, plain.tokens);
+    assert_eq!(vertical.stats.drafted, 0);
+}

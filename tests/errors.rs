@@ -721,3 +721,78 @@ fn the_cli_reports_a_bad_model_in_one_line() {
     );
     assert!(!stderr.to_lowercase().contains("backtrace"), "{stderr}");
 }
+
+/// A generation that fails in the middle of a bench ends it, with the runs finished before it
+/// kept for the report and the failure named.
+#[test]
+fn a_failing_generation_ends_a_bench_with_the_runs_before_it() {
+    use cascade::bench::{run, BenchConfig, BenchOptions, EarlyEnd, SuitePrompt};
+    use cascade::draft::{Draft, Drafter, Request};
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    use std::sync::Arc;
+
+    let _s = serial();
+    /// A plug-in drafter that drafts nothing and fails to start its second sequence.
+    struct FailsOnSecond(Arc<AtomicUsize>);
+    impl Drafter for FailsOnSecond {
+        fn name(&self) -> &str {
+            "fails"
+        }
+        fn draft(&mut self, _: &[u32], _: &mut Request) -> cascade::Result<Draft> {
+            Ok(Draft::new())
+        }
+        fn start(&mut self, _: &[u32]) -> cascade::Result<()> {
+            match self.0.fetch_add(1, Ordering::Relaxed) {
+                1 => Err(cascade::Error::config("fails", "cannot start")),
+                _ => Ok(()),
+            }
+        }
+    }
+    let starts = Arc::new(AtomicUsize::new(0));
+    let mut registry = cascade::config::Registry::default();
+    let counter = starts.clone();
+    registry.register("fails", move |_| {
+        Ok(Box::new(FailsOnSecond(counter.clone())))
+    });
+    let toml = format!(
+        "[target]\nmodel = \"{SMOLLM2}\"\ndrafter = \"f\"\n[drafters.f]\nkind = \"fails\"\n"
+    );
+    let plan = RawConfig::parse(&toml, "t")
+        .unwrap()
+        .validate_with(&models_dir(), &registry)
+        .unwrap();
+    let configs = [BenchConfig {
+        label: "fails".into(),
+        plan,
+    }];
+    let prompt = |text: &str| SuitePrompt {
+        category: "code".into(),
+        prompt: text.into(),
+        chat: false,
+    };
+    let suite = [prompt("def add(a, b):"), prompt("def sub(a, b):")];
+    let opts = BenchOptions {
+        max_new_tokens: 2,
+        repeats: 1,
+        warmup_prompts: 0,
+        sampling: None,
+    };
+    let mut store = cascade::model::ModelStore::default();
+    let stop = AtomicBool::new(false);
+    let (records, end) = run(
+        &configs,
+        &suite,
+        &opts,
+        &mut store,
+        &stop,
+        &mut |_, _, _| {},
+    )
+    .unwrap();
+    // The first prompt's runs (the baseline's and the config's), then the failure.
+    assert_eq!(records.len(), 2);
+    assert!(records.iter().all(|r| r.prompt == 0));
+    match end {
+        Some(EarlyEnd::Failed(e)) => assert_eq!(e.to_string(), "fails: cannot start"),
+        other => panic!("expected a failure, got {other:?}"),
+    }
+}

@@ -18,7 +18,7 @@ pub mod summary;
 pub use measure::{measure_costs, measure_store_costs, ModelCost, VerifyCost};
 pub use report::{markdown, utc_now, Report};
 pub use run::{
-    compare, exact_greedy, record, run, speedup, BenchConfig, BenchOptions, Comparison,
+    compare, exact_greedy, record, run, speedup, BenchConfig, BenchOptions, Comparison, EarlyEnd,
     LevelRecord, RunRecord,
 };
 pub use suite::{load_suite, per_category, SuitePrompt};

@@ -35,7 +35,8 @@ pub struct Report {
     pub runs: Vec<RunRecord>,
     /// Aggregates per config and category.
     pub summary: Vec<Summary>,
-    /// True if Ctrl-C stopped the run early (the report holds what was gathered).
+    /// True if Ctrl-C or a failed generation stopped the run early (the report holds what was
+    /// gathered).
     pub interrupted: bool,
 }
 

@@ -200,7 +200,8 @@ pub fn record(
 
 /// Runs the suite: every prompt through autoregressive decoding (the first config's target
 /// without drafter) and every config, in an order rotated per prompt so that machine drift
-/// hits all configs alike. `progress(done, total)` after each run; `stop` ends early.
+/// hits all configs alike. `progress(done, total)` after each run; `stop` ends early, and so
+/// does a failed generation: the runs finished before are returned with why it ended.
 pub fn run(
     configs: &[BenchConfig],
     suite: &[SuitePrompt],
@@ -208,7 +209,7 @@ pub fn run(
     store: &mut ModelStore,
     stop: &AtomicBool,
     progress: &mut dyn FnMut(usize, usize, &str),
-) -> Result<(Vec<RunRecord>, bool)> {
+) -> Result<(Vec<RunRecord>, Option<EarlyEnd>)> {
     let first = configs
         .first()
         .ok_or_else(|| Error::config("--configs", "no config to bench"))?;
@@ -275,10 +276,12 @@ pub fn run(
     for (i, tokens) in prompts.iter().enumerate().take(opts.warmup_prompts) {
         for (label, e, o) in &mut engines {
             if stop.load(Ordering::Relaxed) {
-                return Ok((Vec::new(), true));
+                return Ok((Vec::new(), Some(EarlyEnd::Interrupted)));
             }
             e.forget();
-            e.generate(tokens, o, &mut |_| {})?;
+            if let Err(e) = e.generate(tokens, o, &mut |_| {}) {
+                return Ok((Vec::new(), Some(EarlyEnd::Failed(e))));
+            }
             done += 1;
             progress(done, total, &format!("warm-up {label}, prompt {i}"));
         }
@@ -290,12 +293,15 @@ pub fn run(
             for j in 0..n {
                 let slot = (i + repeat + j) % n;
                 if stop.load(Ordering::Relaxed) {
-                    return Ok((records, true));
+                    return Ok((records, Some(EarlyEnd::Interrupted)));
                 }
                 let (label, e, o) = &mut engines[slot];
                 // Every run reads its prompt whole, as the first request would.
                 e.forget();
-                outputs[slot] = Some(e.generate(tokens, o, &mut |_| {})?);
+                match e.generate(tokens, o, &mut |_| {}) {
+                    Ok(out) => outputs[slot] = Some(out),
+                    Err(e) => return Ok((records, Some(EarlyEnd::Failed(e)))),
+                }
                 done += 1;
                 progress(done, total, &format!("{label}, {} prompt {i}", p.category));
             }
@@ -314,7 +320,16 @@ pub fn run(
             }
         }
     }
-    Ok((records, false))
+    Ok((records, None))
+}
+
+/// Why a bench ended before its last run: the records finished until then are kept.
+#[derive(Debug)]
+pub enum EarlyEnd {
+    /// `stop` was set (Ctrl-C).
+    Interrupted,
+    /// A generation failed.
+    Failed(Error),
 }
 
 /// `generate --compare`: each sample decoded again by the target alone (same options, same

@@ -132,7 +132,7 @@ pub fn bench_command(args: BenchArgs) -> Result<Report> {
     let started = bench::utc_now();
     eprintln!("loading {} configs, then running the suite", configs.len());
     let bar = bar("[{elapsed_precise}] [{bar:30}] {pos}/{len} {msg}");
-    let (records, interrupted) = bench::run(
+    let (records, early_end) = bench::run(
         &configs,
         &suite,
         &opts,
@@ -169,7 +169,7 @@ pub fn bench_command(args: BenchArgs) -> Result<Report> {
         models,
         runs: records,
         summary,
-        interrupted,
+        interrupted: early_end.is_some(),
     };
     let table = report.write(&args.out)?;
     println!("{table}\nreport: {}", args.out.display());
@@ -179,8 +179,14 @@ pub fn bench_command(args: BenchArgs) -> Result<Report> {
             report.greedy_mismatches()
         );
     }
-    if interrupted {
-        eprintln!("cascade: interrupted: the report holds the runs finished before Ctrl-C");
+    match early_end {
+        Some(bench::EarlyEnd::Interrupted) => {
+            eprintln!("cascade: interrupted: the report holds the runs finished before Ctrl-C")
+        }
+        Some(bench::EarlyEnd::Failed(e)) => {
+            bail!("{e} (the report holds the runs finished before it)")
+        }
+        None => {}
     }
     Ok(report)
 }

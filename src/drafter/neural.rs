@@ -68,6 +68,12 @@ impl Drafter for NeuralDrafter {
 
     fn draft(&mut self, context: &[u32], request: &mut Request) -> Result<Draft> {
         let mut draft = Draft::new();
+        // Room left in this model's context: a draft model with a shorter context than the
+        // target's stops drafting where the text outgrows it.
+        let room = self.model.model().max_len().saturating_sub(context.len());
+        if room == 0 {
+            return Ok(draft);
+        }
         if !self.read_prompt {
             // Reading the prompt is a one-time investment, weighed against the whole rest of
             // the generation (a long prompt with a short answer may not repay it).
@@ -77,8 +83,6 @@ impl Drafter for NeuralDrafter {
             self.model.prepare(context)?;
             self.read_prompt = true;
         }
-        // Room left in this model's context.
-        let room = self.model.model().max_len().saturating_sub(context.len());
         let mut seq = context.to_vec();
         while draft.len() < room && !seq.is_empty() {
             // The next forward: catching up on the text since its last draft, then one token;

@@ -92,6 +92,12 @@ impl Drafter for VerticalCascade {
 
     fn draft(&mut self, context: &[u32], request: &mut Request) -> Result<Draft> {
         let mut out = Draft::new();
+        let max_len = self.reviewer.model().max_len();
+        // A reviewer with a shorter context than the level above stops where the text
+        // outgrows it.
+        if context.len() >= max_len {
+            return Ok(out);
+        }
         if !self.read_prompt {
             if !request.worth_reading(self.reviewer.behind(context), self.cost.as_ref()) {
                 return Ok(out);
@@ -100,7 +106,6 @@ impl Drafter for VerticalCascade {
             self.read_prompt = true;
         }
         let mut seq = context.to_vec();
-        let max_len = self.reviewer.model().max_len();
         'rounds: while request.remaining() > 0 && seq.len() < max_len {
             if !request.worth_drafting(self.seconds_per_token, self.seconds_per_token) {
                 break;

@@ -61,6 +61,14 @@ impl Model for ToyModel {
         "toy"
     }
     fn forward(&mut self, tokens: &[u32]) -> cascade::Result<Logits> {
+        // As a real model: nothing past the context.
+        if self.tokens.len() + tokens.len() > self.max_len {
+            return Err(cascade::Error::PromptTooLong {
+                model: "toy".into(),
+                prompt: self.tokens.len() + tokens.len(),
+                context: self.max_len,
+            });
+        }
         self.calls += 1;
         let mut data = Vec::new();
         for &t in tokens {
