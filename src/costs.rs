@@ -33,6 +33,16 @@ pub const LONG_CONTEXT: usize = 384;
 pub const MEASURED_LONG: [usize; 3] = [1, 4, 16];
 
 impl ForwardCost {
+    /// Whether the cost can be used: a positive decode time, well-formed r(k) points and a
+    /// finite context term at increasing k.
+    pub fn is_well_formed(&self) -> bool {
+        self.decode_seconds.is_finite()
+            && self.decode_seconds > 0.0
+            && well_formed_ratios(&self.ratios)
+            && self.per_context.windows(2).all(|w| w[0].0 < w[1].0)
+            && self.per_context.iter().all(|p| p.1.is_finite())
+    }
+
     /// r(k), interpolated between the measured lengths and extrapolated past them.
     pub fn ratio(&self, k: f64) -> f64 {
         interpolate(&self.ratios, k)
@@ -62,18 +72,6 @@ pub fn well_formed_ratios(points: &[(usize, f64)]) -> bool {
         && points[0] == (1, 1.0)
         && points.windows(2).all(|w| w[0].0 < w[1].0)
         && points.iter().all(|p| p.1.is_finite() && p.1 > 0.0)
-}
-
-impl ForwardCost {
-    /// Whether the cost can be used: a positive decode time, well-formed r(k) points and a
-    /// finite context term at increasing k.
-    pub fn is_well_formed(&self) -> bool {
-        self.decode_seconds.is_finite()
-            && self.decode_seconds > 0.0
-            && well_formed_ratios(&self.ratios)
-            && self.per_context.windows(2).all(|w| w[0].0 < w[1].0)
-            && self.per_context.iter().all(|p| p.1.is_finite())
-    }
 }
 
 /// Linear interpolation of `(k, value)` points (ascending in k), held at the first value

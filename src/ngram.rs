@@ -299,8 +299,8 @@ impl<'a> BigramCounter<'a> {
 }
 
 /// Files under `roots` (files, or folders searched recursively, symbolic links followed)
-/// whose extension is in `extensions` (with or without its dot; all files if empty) and whose path has no component
-/// named in `exclude`, in a stable order. A symbolic link that loops back is skipped.
+/// whose extension is in `extensions` (with or without its dot; all files if empty) and whose
+/// path has no component named in `exclude`, in a stable order. A symbolic link that loops back is skipped.
 pub fn corpus_files(
     roots: &[PathBuf],
     extensions: &[String],

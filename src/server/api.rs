@@ -169,23 +169,6 @@ pub fn parse<T: serde::de::DeserializeOwned>(body: &Value) -> Result<T, ApiError
     })
 }
 
-impl Settings {
-    /// The generation options of this request: its settings where it gives them, the config's
-    /// (`defaults`) elsewhere; at most `room` new tokens.
-    pub fn options(&self, defaults: &GenerateOptions, room: usize) -> GenerateOptions {
-        let mut opts = defaults.clone();
-        opts.max_new_tokens = self.max_tokens.unwrap_or(opts.max_new_tokens).min(room);
-        opts.sampling.temperature = self.temperature.unwrap_or(opts.sampling.temperature);
-        opts.sampling.top_p = self.top_p.unwrap_or(opts.sampling.top_p);
-        opts.sampling.top_k = self.top_k.unwrap_or(opts.sampling.top_k);
-        opts.seed = self.seed.unwrap_or(opts.seed);
-        if let Some(stop) = &self.stop {
-            opts.stop = stop.clone();
-        }
-        opts
-    }
-}
-
 /// The checked settings of one request.
 pub struct Settings {
     pub max_tokens: Option<usize>,
@@ -203,6 +186,23 @@ pub struct Settings {
 
 /// The most choices one request may ask for.
 pub const MAX_N: usize = 8;
+
+impl Settings {
+    /// The generation options of this request: its settings where it gives them, the config's
+    /// (`defaults`) elsewhere; at most `room` new tokens.
+    pub fn options(&self, defaults: &GenerateOptions, room: usize) -> GenerateOptions {
+        let mut opts = defaults.clone();
+        opts.max_new_tokens = self.max_tokens.unwrap_or(opts.max_new_tokens).min(room);
+        opts.sampling.temperature = self.temperature.unwrap_or(opts.sampling.temperature);
+        opts.sampling.top_p = self.top_p.unwrap_or(opts.sampling.top_p);
+        opts.sampling.top_k = self.top_k.unwrap_or(opts.sampling.top_k);
+        opts.seed = self.seed.unwrap_or(opts.seed);
+        if let Some(stop) = &self.stop {
+            opts.stop = stop.clone();
+        }
+        opts
+    }
+}
 
 impl Common {
     pub fn settings(&self) -> Result<Settings, ApiError> {
