@@ -71,7 +71,7 @@ fn snippets(cx: &PluginContext) -> cascade::Result<Box<dyn Drafter>> {
         .ok_or_else(|| cx.error("snippets", "is required: a list of strings"))?;
     let snippets = texts
         .iter()
-        .map(|t| cx.tokenizer.encode(t))
+        .map(|t| cx.tokenizer.encode_plain(t))
         .collect::<cascade::Result<Vec<_>>>()?;
     let min_overlap = cx.usize("min_overlap")?.unwrap_or(2).max(1);
     Ok(Box::new(SnippetDrafter {

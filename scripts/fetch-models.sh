@@ -3,7 +3,7 @@
 # assembles them, verifies their sha256 and places them in models/ (git-ignored).
 # Work already done is skipped: a model whose file exists with the right hash is left alone.
 #
-# Usage: scripts/fetch-models.sh [target|draft|smollm2|gemma3|all]...   (default: target draft smollm2)
+# Usage: scripts/fetch-models.sh [target|draft|smollm2|gemma3|all]...   (default: all four)
 set -euo pipefail
 
 root="$(cd "$(dirname "$0")/.." && pwd)"
@@ -19,7 +19,7 @@ models=(
 )
 
 want=("$@")
-[ ${#want[@]} -eq 0 ] && want=(target draft smollm2)
+[ ${#want[@]} -eq 0 ] && want=(target draft smollm2 gemma3)
 [ "${want[0]}" = all ] && want=(target draft smollm2 gemma3)
 
 fetch() {

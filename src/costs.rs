@@ -301,6 +301,24 @@ struct CacheFile {
 
 const VERSION: u32 = 2;
 
+/// The most entries the cache keeps: every build with other model code, every model file
+/// and setting adds one, and the oldest go first.
+pub const MAX_ENTRIES: usize = 64;
+
+/// Drops the entries measured longest ago beyond [`MAX_ENTRIES`] (times are UTC, written
+/// `YYYY-MM-DD HH:MM`, so they sort as text).
+fn prune(entries: &mut BTreeMap<String, Entry>) {
+    let mut by_age: Vec<(String, String)> = entries
+        .iter()
+        .map(|(k, e)| (e.measured.clone(), k.clone()))
+        .collect();
+    by_age.sort();
+    let excess = by_age.len().saturating_sub(MAX_ENTRIES);
+    for (_, key) in &by_age[..excess] {
+        entries.remove(key);
+    }
+}
+
 impl CostCache {
     /// Where the cache lives by default.
     pub fn default_path() -> PathBuf {
@@ -423,6 +441,7 @@ impl CostCache {
                 };
                 self.entries.insert(Self::key(m), entry);
             }
+            prune(&mut self.entries);
             self.save()?;
         }
         let entries: Vec<&Entry> = models
@@ -557,6 +576,33 @@ mod tests {
             e.starts_with(&format!("{}: unreadable cost cache", path.display())),
             "{e}"
         );
+    }
+
+    #[test]
+    fn the_cache_keeps_the_latest_entries() {
+        let cost = ForwardCost {
+            decode_seconds: 0.05,
+            ratios: vec![(1, 1.0), (4, 1.6)],
+            per_context: Vec::new(),
+        };
+        let mut entries: BTreeMap<String, Entry> = (0..MAX_ENTRIES + 3)
+            .map(|i| {
+                // Keys in another order than the times.
+                let entry = Entry {
+                    measured: format!("2026-11-{:02} 10:00 UTC", 1 + (i * 7) % 28),
+                    cost: cost.clone(),
+                    cpu_share: None,
+                };
+                (format!("model {i:03}"), entry)
+            })
+            .collect();
+        let mut times: Vec<String> = entries.values().map(|e| e.measured.clone()).collect();
+        times.sort();
+        prune(&mut entries);
+        assert_eq!(entries.len(), MAX_ENTRIES);
+        let oldest_kept = entries.values().map(|e| &e.measured).min().unwrap();
+        assert!(times[..3].iter().all(|t| t <= oldest_kept));
+        assert_eq!(times[3], *oldest_kept);
     }
 
     #[test]

@@ -8,7 +8,6 @@ use crate::error::{Error, Result};
 use crate::gate::{Gate, Source};
 use crate::review::ReviewCounts;
 use crate::sampling::{Dist, Rng, Sampling};
-use rand::SeedableRng;
 use serde::{Serialize, Serializer};
 use std::collections::BTreeMap;
 
@@ -105,7 +104,7 @@ impl<'a> Request<'a> {
     /// Tokens this drafter may still propose (an upper bound: [`Request::admit`] may stop it
     /// earlier).
     pub fn remaining(&self) -> usize {
-        self.cap - self.used
+        self.cap.saturating_sub(self.used)
     }
 
     /// The sampling settings drafts are drawn with.
@@ -186,7 +185,8 @@ impl<'a> Request<'a> {
         }
     }
 
-    /// Counts `n` tokens a part admitted toward this request's cap.
+    /// Counts `n` tokens a part admitted toward this request's cap (more than the part was
+    /// admitted fails [`Request::check`]).
     pub fn count_part(&mut self, n: usize) {
         self.used += n;
     }
@@ -215,35 +215,51 @@ impl<'a> Request<'a> {
                 "proposed token id {t}, outside the vocabulary ({vocab} tokens)"
             ));
         }
+        for (i, (&t, dist)) in draft.tokens.iter().zip(&draft.dists).enumerate() {
+            let inside = match dist {
+                Dist::Point(x) => (*x as usize) < vocab,
+                Dist::Dense(p) => p.len() == vocab,
+                Dist::Sparse(s) => s.iter().all(|&(x, _)| (x as usize) < vocab),
+            };
+            if !inside {
+                return broke(format!(
+                    "reported a distribution at position {i} that does not fit the vocabulary ({vocab} tokens; a dense one needs one probability per token)"
+                ));
+            }
+            let p = dist.prob(t);
+            if p.is_nan() || p <= 0.0 {
+                return broke(format!(
+                    "proposed token {t} at position {i}, to which the distribution reported with it gives probability {p} (report the distribution the token was drawn from)"
+                ));
+            }
+        }
         Ok(())
     }
 }
 
-/// One draft of up to `k` tokens from `drafter` with a fixed-length gate, held to the contract:
-/// for tests, and for a library user trying a drafter on its own.
-pub fn propose(drafter: &mut dyn Drafter, context: &[u32], k: usize) -> Draft {
-    try_propose(
-        drafter,
-        context,
-        k,
-        &Sampling::greedy(),
-        &mut Rng::seed_from_u64(0),
-    )
-    .expect("the drafter failed")
+/// A greedy draft of up to `k` tokens (the unit tests' drafters use ids below 2^20).
+#[cfg(test)]
+pub(crate) fn propose(drafter: &mut dyn Drafter, context: &[u32], k: usize) -> Draft {
+    use rand::SeedableRng;
+    let mut rng = Rng::seed_from_u64(0);
+    try_propose(drafter, context, k, 1 << 20, &Sampling::greedy(), &mut rng)
+        .expect("the drafter failed")
 }
 
-/// [`propose`] with given sampling settings and generator, returning the drafter's errors
-/// and contract violations.
+/// One draft of up to `k` tokens from `drafter` with a fixed-length gate, held to the contract
+/// for a reviewer of `vocab` tokens: for a library user trying a drafter on its own. Returns
+/// the drafter's errors and contract violations.
 pub fn try_propose(
     drafter: &mut dyn Drafter,
     context: &[u32],
     k: usize,
+    vocab: usize,
     sampling: &Sampling,
     rng: &mut Rng,
 ) -> Result<Draft> {
     let mut gate = Gate::fixed();
     let source = drafter.name().into();
-    let mut request = Request::new(sampling, rng, &mut gate, source, k, usize::MAX);
+    let mut request = Request::new(sampling, rng, &mut gate, source, k, vocab);
     let draft = drafter.draft(context, &mut request)?;
     request.check(&draft, drafter.name())?;
     Ok(draft)
@@ -258,7 +274,8 @@ pub fn try_propose(
 /// matches. Plug-ins implement it and are used as `Box<dyn Drafter>`, or named in configs
 /// through a [`Registry`](crate::config::Registry).
 pub trait Drafter: Send {
-    /// A short name for reports (unique within a tree).
+    /// A short name for reports and for the adaptive gate's learned acceptance, which is kept
+    /// per name and review level (drafters that share a name there share what is learned).
     fn name(&self) -> &str;
 
     /// Proposes tokens continuing `context`, asking `request` to admit each one first (see
@@ -281,9 +298,11 @@ pub trait Drafter: Send {
     /// (with a prefix of the last draft and the reviewer's token). It will not change again.
     fn commit(&mut self, _context: &[u32]) {}
 
-    /// The sequence ended, having generated `output` after its prompt (however it ended). A
-    /// drafter that learns across sequences records it here (Max-Gram's history file). An
-    /// error does not lose the output: the engine reports it among the generation's warnings.
+    /// The sequence ended, having generated `output` after its prompt (at an end-of-sequence
+    /// token, the length limit, a stop string or the context's end; not when the generation
+    /// failed). A drafter that learns across sequences records it here (Max-Gram's history
+    /// file). An error does not lose the output: the engine reports it among the generation's
+    /// warnings.
     fn finish(&mut self, _output: &[u32]) -> Result<()> {
         Ok(())
     }

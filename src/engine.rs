@@ -173,7 +173,7 @@ impl Stats {
 /// The result of one generation.
 #[derive(Clone, Debug, Serialize)]
 pub struct Generation {
-    /// Generated token ids (an end-of-sequence token is not included).
+    /// Generated token ids (not the end-of-sequence token that ended the generation, if one did).
     pub tokens: Vec<u32>,
     /// The generated text, cut before a stop string.
     pub text: String,
@@ -255,6 +255,19 @@ impl Engine {
         opts: &GenerateOptions,
         on_text: &mut dyn FnMut(&str),
     ) -> Result<Generation> {
+        self.generate_with_progress(prompt, opts, &mut |_, _| {}, on_text)
+    }
+
+    /// [`Engine::generate`], calling `reading(done, total)` as the target reads the prompt
+    /// tokens it does not already hold (a progress bar: a long prompt takes minutes on a slow
+    /// CPU).
+    pub fn generate_with_progress(
+        &mut self,
+        prompt: &[u32],
+        opts: &GenerateOptions,
+        reading: &mut dyn FnMut(usize, usize),
+        on_text: &mut dyn FnMut(&str),
+    ) -> Result<Generation> {
         opts.sampling.validate()?;
         if !(opts.lenience >= 1.0 && opts.lenience.is_finite()) {
             return Err(Error::config(
@@ -289,7 +302,7 @@ impl Engine {
         }
         // The target's cache holds the committed sequence minus its last token, which is
         // fed at the head of each round.
-        stats.cached_tokens = self.target.start(prompt)?;
+        stats.cached_tokens = self.target.start(prompt, reading)?;
         stats.prefill_seconds = start.elapsed().as_secs_f64();
 
         let start = Instant::now();

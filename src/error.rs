@@ -18,7 +18,7 @@ pub enum Error {
         reason: String,
     },
 
-    #[error("unsupported model architecture `{arch}` in {} (supported: qwen2, llama)", path.display())]
+    #[error("unsupported model architecture `{arch}` in {} (supported: qwen2, llama, gemma3)", path.display())]
     /// A GGUF file of an architecture the transformer does not implement.
     UnsupportedArchitecture {
         /// The file.
@@ -56,7 +56,7 @@ pub enum Error {
     },
 
     /// A tokenizer that cannot be loaded, or text it cannot encode or decode.
-    #[error("cannot load tokenizer: {0}")]
+    #[error("tokenizer: {0}")]
     Tokenizer(String),
 
     #[error(
@@ -91,8 +91,8 @@ pub enum Error {
         context: usize,
     },
 
-    /// A drafter that proposed out-of-vocabulary tokens, more than it was admitted, or
-    /// failed.
+    /// A drafter that proposed out-of-vocabulary tokens, other than the tokens it was
+    /// admitted, tokens its reported distributions could not draw, or failed.
     #[error("drafter broke its contract: {0}")]
     Drafter(String),
 

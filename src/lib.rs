@@ -7,7 +7,7 @@
 //! greedy output, token for token.
 //!
 //! The pieces, one module each:
-//! - [`model`]: GGUF models (qwen2, llama) whose forward returns logits for every position
+//! - [`model`]: GGUF models (qwen2, llama, gemma3) whose forward returns logits for every position
 //!   and whose KV cache rolls back;
 //! - [`sampling`]: logits to the explicit distribution tokens are drawn from;
 //! - [`draft`]: the [`draft::Drafter`] trait every drafter implements, and a round's

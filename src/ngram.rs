@@ -342,6 +342,10 @@ pub struct BuildSummary {
     pub files: usize,
     /// Files skipped because they are not UTF-8 text.
     pub skipped: usize,
+    /// Files that could not be read (permissions, removed meanwhile).
+    pub unreadable: usize,
+    /// The first of them, with its error.
+    pub first_unreadable: Option<String>,
     /// Tokens counted.
     pub tokens: u64,
 }
@@ -355,17 +359,23 @@ pub fn build_table(
     progress: &mut dyn FnMut(u64),
 ) -> Result<(BigramTable, BuildSummary)> {
     let mut counter = BigramCounter::new(tokenizer);
-    let mut skipped = 0;
+    let (mut skipped, mut unreadable, mut first_unreadable) = (0, 0, None);
     for f in files {
         match std::fs::read_to_string(f) {
             Ok(text) => counter.add_text(&text)?,
-            Err(_) => skipped += 1,
+            Err(e) if e.kind() == std::io::ErrorKind::InvalidData => skipped += 1,
+            Err(e) => {
+                unreadable += 1;
+                first_unreadable.get_or_insert_with(|| format!("{}: {e}", f.display()));
+            }
         }
         progress(f.metadata().map_or(0, |m| m.len()));
     }
     let summary = BuildSummary {
-        files: files.len() - skipped,
+        files: files.len() - skipped - unreadable,
         skipped,
+        unreadable,
+        first_unreadable,
         tokens: counter.tokens,
     };
     Ok((counter.into_table(top), summary))
@@ -488,5 +498,34 @@ mod walk_tests {
         std::fs::write(dir.path().join("y.rs"), "fn main() {}\n").unwrap();
         let files = corpus_files(&[dir.path().to_path_buf()], &[".py".into()], &[]).unwrap();
         assert_eq!(files, [dir.path().join("x.py")]);
+    }
+
+    #[test]
+    fn files_not_utf8_or_unreadable_are_left_out_and_counted_apart() {
+        use tokenizers::models::wordlevel::WordLevel;
+        let words = [("a", 0), ("b", 1)].map(|(w, i)| (w.to_string(), i)).into();
+        let model = WordLevel::builder()
+            .vocab(words)
+            .unk_token("a".into())
+            .build()
+            .unwrap();
+        let mut t = tokenizers::Tokenizer::new(model);
+        t.with_pre_tokenizer(Some(tokenizers::pre_tokenizers::whitespace::Whitespace {}));
+        let tokenizer = Tokenizer::from_parts(t, Vec::new());
+        let dir = tempfile::tempdir().unwrap();
+        let good = dir.path().join("good.txt");
+        let binary = dir.path().join("binary.txt");
+        std::fs::write(&good, "a b a b").unwrap();
+        std::fs::write(&binary, [0xff, 0xfe, 0x00]).unwrap();
+        let gone = dir.path().join("gone.txt");
+        let files = [good, binary, gone.clone(), dir.path().to_path_buf()];
+        let (table, read) = build_table(&files, &tokenizer, 4, &mut |_| {}).unwrap();
+        assert_eq!((read.files, read.skipped, read.unreadable), (1, 1, 2));
+        let first = read.first_unreadable.unwrap();
+        assert!(
+            first.starts_with(&format!("{}: ", gone.display())),
+            "{first}"
+        );
+        assert_eq!((read.tokens, table.entries()), (4, 2));
     }
 }

@@ -110,7 +110,14 @@ pub fn emitted_distribution(p: &Dist, q: &Dist, lenience: f32) -> Dist {
         .zip(pd)
         .map(|(&q, &p)| q.min(lenience * p))
         .collect();
-    let rejected = (1.0 - e.iter().sum::<f32>()).max(0.0);
+    // The chance of a rejection, 1 - sum(e) so far, summed from its non-negative terms: no
+    // cancellation, so it is 0 only where no rejection can happen, and a token only the
+    // residual can emit keeps a positive probability.
+    let rejected: f32 = qd
+        .iter()
+        .zip(pd)
+        .map(|(&q, &p)| (q - lenience * p).max(0.0))
+        .sum();
     let residual: Vec<f32> = pd.iter().zip(&qd).map(|(p, q)| (p - q).max(0.0)).collect();
     let total: f32 = residual.iter().sum();
     let (r, r_total) = if total > 0.0 {

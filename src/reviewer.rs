@@ -103,12 +103,16 @@ impl Reviewer {
     }
 
     /// A new sequence begins with `prompt`: the counters start over and the cache is brought
-    /// to the prompt (a prefill of what it does not already hold). Returns the prompt tokens
-    /// found in the cache.
-    pub fn start(&mut self, prompt: &[u32]) -> Result<usize> {
+    /// to the prompt (a prefill of what it does not already hold, reported to
+    /// `progress(done, total)` as it goes). Returns the prompt tokens found in the cache.
+    pub fn start(
+        &mut self,
+        prompt: &[u32],
+        progress: &mut dyn FnMut(usize, usize),
+    ) -> Result<usize> {
         self.reset();
         let cached = self.model.cached(prompt);
-        self.read(prompt)?;
+        self.model.prepare_with(prompt, progress)?;
         Ok(cached)
     }
 

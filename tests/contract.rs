@@ -1,5 +1,6 @@
 //! Drafters are held to their contract at every review level: a plug-in that proposes an
-//! out-of-vocabulary token, or tokens it was not admitted, is a clear error wherever it sits
+//! out-of-vocabulary token, tokens it was not admitted, or a token its reported distribution
+//! could not have drawn (or one that does not fit the vocabulary), is a clear error wherever it sits
 //! in the tree (the target's review, a vertical cascade's, a horizontal cascade's part), never
 //! an index out of bounds; an empty context is an error, not a panic; and a drafter that
 //! cannot record a finished output costs a warning, never the output.
@@ -18,10 +19,12 @@ use std::sync::Arc;
 
 const VOCAB: usize = 6;
 
-/// A plug-in that proposes `token`, asking admission first or not.
+/// A plug-in that proposes `token`, asking admission first or not, with `dist` as its
+/// distribution (a point mass on it if `None`).
 struct Broken {
     token: u32,
     ask: bool,
+    dist: Option<Dist>,
 }
 
 impl Drafter for Broken {
@@ -32,7 +35,8 @@ impl Drafter for Broken {
     fn draft(&mut self, _: &[u32], request: &mut Request) -> cascade::Result<Draft> {
         let mut d = Draft::new();
         if !self.ask || request.admit(None) {
-            d.push(self.token, Dist::Point(self.token));
+            let dist = self.dist.clone().unwrap_or(Dist::Point(self.token));
+            d.push(self.token, dist);
         }
         Ok(d)
     }
@@ -64,6 +68,7 @@ fn an_out_of_vocabulary_token_is_an_error_at_every_level() {
         Box::new(Broken {
             token: 99,
             ask: true,
+            dist: None,
         })
     };
     for (level, drafter) in [
@@ -88,6 +93,7 @@ fn tokens_not_admitted_are_an_error_at_every_level() {
         Box::new(Broken {
             token: 1,
             ask: false,
+            dist: None,
         })
     };
     for (level, drafter) in [
@@ -101,10 +107,56 @@ fn tokens_not_admitted_are_an_error_at_every_level() {
 }
 
 #[test]
+fn a_token_its_reported_distribution_cannot_draw_is_an_error_at_every_level() {
+    // The review would accept the token with the wrong probability, or index out of bounds.
+    let cases = [
+        (
+            Dist::Point(2),
+            "`broken` proposed token 1 at position 0, to which the distribution reported with it \
+             gives probability 0 (report the distribution the token was drawn from)",
+        ),
+        (
+            Dist::Sparse(vec![(1, 0.5), (40, 0.5)]),
+            "`broken` reported a distribution at position 0 that does not fit the vocabulary \
+             (6 tokens; a dense one needs one probability per token)",
+        ),
+        (
+            Dist::Dense(vec![0.5, 0.5]),
+            "`broken` reported a distribution at position 0 that does not fit the vocabulary \
+             (6 tokens; a dense one needs one probability per token)",
+        ),
+    ];
+    for (dist, want) in cases {
+        let bad = || {
+            Box::new(Broken {
+                token: 1,
+                ask: true,
+                dist: Some(dist.clone()),
+            })
+        };
+        for (level, drafter) in [
+            ("target", bad() as Box<dyn Drafter>),
+            ("vertical cascade", vertical(bad())),
+            ("horizontal cascade", horizontal(bad())),
+        ] {
+            let e = generate(drafter).unwrap_err().to_string();
+            assert_eq!(e, format!("drafter broke its contract: {want}"), "{level}");
+        }
+        // The same check for a drafter tried on its own.
+        let mut rng = Rng::seed_from_u64(0);
+        let e = try_propose(&mut *bad(), &[1], 1, VOCAB, &Sampling::greedy(), &mut rng);
+        assert_eq!(
+            e.unwrap_err().to_string(),
+            format!("drafter broke its contract: {want}")
+        );
+    }
+}
+
+#[test]
 fn a_cascade_asked_to_continue_nothing_is_an_error() {
     let mut v = VerticalCascade::new("v", toy(), Box::new(NeuralDrafter::new("n", toy())), 3, 1.0);
     let mut rng = Rng::seed_from_u64(0);
-    let e = try_propose(&mut v, &[], 2, &Sampling::greedy(), &mut rng).unwrap_err();
+    let e = try_propose(&mut v, &[], 2, VOCAB, &Sampling::greedy(), &mut rng).unwrap_err();
     assert_eq!(
         e.to_string(),
         "empty prompt: at least one token is needed to start generation"

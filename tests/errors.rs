@@ -207,8 +207,7 @@ fn unsupported_architecture_is_named_before_the_tokenizer_loads() {
     let at = src.windows(key.len()).position(|w| w == key).unwrap() + key.len() + 12;
     assert_eq!(&src[at..at + 5], b"llama");
     src[at..at + 5].copy_from_slice(b"gemma");
-    // An unknown tokenizer too (Gemma's `llama` tokenizer is one candle cannot build): the
-    // architecture is the error to report.
+    // An unknown tokenizer too: the architecture is the error to report.
     let key = b"tokenizer.ggml.model";
     let at = src.windows(key.len()).position(|w| w == key).unwrap() + key.len() + 12;
     assert_eq!(&src[at..at + 4], b"gpt2");
@@ -225,7 +224,7 @@ fn unsupported_architecture_is_named_before_the_tokenizer_loads() {
     assert_eq!(
         load_error(&path),
         format!(
-            "unsupported model architecture `gemma` in {} (supported: qwen2, llama)",
+            "unsupported model architecture `gemma` in {} (supported: qwen2, llama, gemma3)",
             path.display()
         )
     );
@@ -236,7 +235,7 @@ fn unsupported_architecture_is_named_before_the_tokenizer_loads() {
     assert_eq!(
         load_error(&path),
         format!(
-            "cannot load tokenizer: {}: unsupported tokenizer model `none`",
+            "tokenizer: cannot load {}: unsupported tokenizer model `none`",
             path.display()
         )
     );
@@ -693,7 +692,11 @@ fn inconsistent_gguf_metadata_is_named() {
     );
     assert_eq!(
         error("llama.embedding_length", 512),
-        "embedding length 512 over 9 heads does not give an even head dimension"
+        "embedding length 512 is not shared evenly by 9 heads"
+    );
+    assert_eq!(
+        error("llama.embedding_length", 567),
+        "head dimension 63 is odd"
     );
 }
 

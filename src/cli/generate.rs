@@ -1,6 +1,6 @@
 //! `cascade generate`: streamed text, a summary line, `--json`, `--compare`.
 
-use super::{build, label, load_plan};
+use super::{build, label, load_plan, Steps};
 use anyhow::{bail, Context, Result};
 use cascade::bench;
 use cascade::config::{Plan, RawConfig};
@@ -9,6 +9,7 @@ use cascade::model::ModelStore;
 use cascade::sampling::Sampling;
 use clap::Args;
 use serde::Serialize;
+use std::cell::RefCell;
 use std::io::{IsTerminal, Read, Write};
 use std::path::{Path, PathBuf};
 
@@ -139,12 +140,27 @@ pub fn generate(args: GenerateArgs) -> Result<()> {
             engine.forget();
         }
         let mut stdout = std::io::stdout().lock();
-        let out = engine.generate(&prompt, &opts, &mut |piece| {
-            if !args.json {
-                let _ = stdout.write_all(piece.as_bytes());
-                let _ = stdout.flush();
-            }
-        })?;
+        // Shown while the prompt is read, until the first text (a drafter may read it too).
+        let reading = RefCell::new(Some(Steps::new()));
+        let done_reading = || reading.borrow_mut().take().map(Steps::finish);
+        let out = engine.generate_with_progress(
+            &prompt,
+            &opts,
+            &mut |done, total| {
+                if let Some(bar) = reading.borrow_mut().as_mut() {
+                    bar.show("reading the prompt", done, total);
+                }
+            },
+            &mut |piece| {
+                done_reading();
+                if !args.json {
+                    let _ = stdout.write_all(piece.as_bytes());
+                    let _ = stdout.flush();
+                }
+            },
+        );
+        done_reading();
+        let out = out?;
         if !args.json {
             println!();
             eprintln!("[seed {}: {}]", opts.seed, summary_line(&out));

@@ -49,8 +49,11 @@ pub struct Steps {
 impl Steps {
     /// A hidden bar when standard error is not a terminal.
     pub fn new() -> Self {
+        let bar = bar("");
+        // Redrawn while a step takes long (a chunk of a prompt on a slow CPU takes seconds).
+        bar.enable_steady_tick(std::time::Duration::from_millis(500));
         Self {
-            bar: bar(""),
+            bar,
             task: String::new(),
         }
     }
@@ -61,9 +64,11 @@ impl Steps {
     pub fn show(&mut self, what: &str, done: usize, total: usize) {
         if self.task != what {
             let label = format!("{what:>50}").replace('{', "{{").replace('}', "}}");
-            self.bar
-                .set_style(style(&format!("{label} [{{bar:30}}] {{pos}}/{{len}}")));
+            self.bar.set_style(style(&format!(
+                "{label} [{{bar:30}}] {{pos}}/{{len}} {{elapsed}}"
+            )));
             self.task = what.to_string();
+            self.bar.reset_elapsed();
         }
         self.bar.update(|state| {
             state.set_len(total as u64);

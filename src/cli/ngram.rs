@@ -58,6 +58,12 @@ pub fn ngram_build(args: BuildArgs) -> Result<()> {
     let (table, read) = build_table(&files, &tokenizer, args.top, &mut |b| bar.inc(b))?;
     bar.finish_and_clear();
     table.save(&args.out)?;
+    if let Some(first) = &read.first_unreadable {
+        eprintln!(
+            "cascade: warning: {} files could not be read and were left out (the first: {first})",
+            read.unreadable
+        );
+    }
     eprintln!(
         "{}: {} files ({} skipped as non-UTF-8), {} tokens, {} table entries, {} bytes, {:.1}s",
         args.out.display(),

@@ -40,5 +40,6 @@ pub use build::{check_vocab, file_label, trimmed_tokens};
 pub use registry::{PluginContext, Registry};
 pub use schema::{RawConfig, RawDrafter, RawGeneration, RawTarget, BUILT_IN_KINDS};
 pub use validate::{
-    DrafterNode, DrafterPlan, KMatrixRole, ModelPlan, Plan, TrimmedVocabulary, MAX_DRAFT,
+    DrafterNode, DrafterPlan, KMatrixRole, ModelPlan, Plan, TrimmedVocabulary, MAX_CONTEXT,
+    MAX_DRAFT, MAX_HISTORY, MAX_NGRAM,
 };

@@ -8,6 +8,7 @@
 //! let mut registry = Registry::default();
 //! // `[drafters.quick] kind = "my_max_gram"` in a config now builds this drafter.
 //! registry.register("my_max_gram", |cx: &PluginContext| -> cascade::Result<Box<dyn Drafter>> {
+//!     cx.only(&["max_ngram"])?;
 //!     let policy = MaxGramPolicy { max_ngram: cx.usize("max_ngram")?.unwrap_or(8), ..Default::default() };
 //!     Ok(Box::new(MaxGramDrafter::new(cx.name, policy, None)))
 //! });
@@ -48,11 +49,19 @@ pub struct PluginContext<'a> {
 
 impl Registry {
     /// Registers `kind` (replacing a kind registered before under that name).
+    ///
+    /// # Panics
+    /// If `kind` is a built-in kind ([`BUILT_IN_KINDS`](super::BUILT_IN_KINDS)), which configs
+    /// would go on building instead of the plug-in.
     pub fn register(
         &mut self,
         kind: &str,
         build: impl Fn(&PluginContext) -> Result<Box<dyn Drafter>> + Send + Sync + 'static,
     ) -> &mut Self {
+        assert!(
+            !super::BUILT_IN_KINDS.contains(&kind),
+            "cannot register a drafter kind named `{kind}`: it is a built-in kind"
+        );
         self.kinds.insert(kind.to_string(), Arc::new(build));
         self
     }

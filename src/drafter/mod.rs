@@ -18,7 +18,7 @@ pub use adaptive::AdaptiveCascade;
 pub use bigram::BigramDrafter;
 pub use history::{History, HistoryMatch, SharedHistory};
 pub use horizontal::HorizontalCascade;
-pub use max_gram::{MaxGram, MaxGramDrafter, MaxGramPolicy};
+pub use max_gram::{Match, MaxGram, MaxGramDrafter, MaxGramPolicy};
 pub use neural::NeuralDrafter;
 pub use prediction::PredictionDrafter;
 pub use vertical::VerticalCascade;

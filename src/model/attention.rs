@@ -32,8 +32,17 @@ const MAX_TOKENS: usize = 16;
 
 /// Causal attention of the `m` query rows `q` (positions `pos0..pos0 + m`, each
 /// `heads * head_dim` values) over the cached `keys` and `values` (`pos0 + m` positions of
-/// `kv_heads * head_dim` values, these rows' included), into `out` (laid out like `q`).
-pub fn attention(q: &[f32], keys: &[f32], values: &[f32], pos0: usize, s: Heads, out: &mut [f32]) {
+/// `kv_heads * head_dim` values, these rows' included), into `out` (laid out like `q`). With a
+/// `window`, each query attends only to the last `window` positions up to its own.
+pub fn attention(
+    q: &[f32],
+    keys: &[f32],
+    values: &[f32],
+    pos0: usize,
+    s: Heads,
+    window: Option<usize>,
+    out: &mut [f32],
+) {
     let (hd, group) = (s.head_dim, s.heads / s.kv_heads);
     let m = q.len() / (s.heads * hd);
     assert!(out.len() == q.len() && keys.len() >= (pos0 + m) * s.kv_heads * hd);
@@ -61,6 +70,7 @@ pub fn attention(q: &[f32], keys: &[f32], values: &[f32], pos0: usize, s: Heads,
         values,
         pos0,
         s,
+        window,
     };
     struct Out(*mut f32);
     // SAFETY: each (token, head) slice of `out` is written by exactly one task.
@@ -94,6 +104,7 @@ struct Layer<'a> {
     values: &'a [f32],
     pos0: usize,
     s: Heads,
+    window: Option<usize>,
 }
 
 /// Positions per block: a block's keys (or values) stay in the first-level cache while every
@@ -138,13 +149,15 @@ unsafe fn attend_with<L: Lanes>(
         values,
         pos0,
         s,
+        window,
     } = layer;
     let hd = s.head_dim;
     let kv_row = s.kv_heads * hd;
     let kv = (queries[0] % s.heads) / (s.heads / s.kv_heads) * hd;
     let scale = 1.0 / (hd as f32).sqrt();
-    // Query i attends to positions 0..len(i), its own included.
+    // Query i attends to positions start(i)..len(i), its own included.
     let len = |i: usize| pos0 + i / s.heads + 1;
+    let start = |i: usize| window.map_or(0, |w| len(i).saturating_sub(w));
     let n = queries.iter().map(|&i| len(i)).max().unwrap_or(0);
     let key = |j: usize| &keys[j * kv_row + kv..j * kv_row + kv + hd];
     scores.clear();
@@ -153,7 +166,7 @@ unsafe fn attend_with<L: Lanes>(
         for (x, &i) in queries.iter().enumerate() {
             let (query, end) = (&q[i * hd..(i + 1) * hd], len(i).min(jb + BLOCK));
             let row = &mut scores[x * n..(x + 1) * n];
-            let mut j = jb;
+            let mut j = jb.max(start(i));
             while j + 4 <= end {
                 let d = dots::<L, 4>([key(j), key(j + 1), key(j + 2), key(j + 3)], query);
                 for (t, d) in d.into_iter().enumerate() {
@@ -167,7 +180,7 @@ unsafe fn attend_with<L: Lanes>(
         }
     }
     for (x, &i) in queries.iter().enumerate() {
-        let row = &mut scores[x * n..x * n + len(i)];
+        let row = &mut scores[x * n + start(i)..x * n + len(i)];
         let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
         row.iter_mut().for_each(|s| *s = exp(*s - max));
         let sum: f32 = row.iter().sum();
@@ -176,11 +189,12 @@ unsafe fn attend_with<L: Lanes>(
     outs.iter_mut().for_each(|o| o.fill(0.0));
     for jb in (0..n).step_by(BLOCK) {
         for (x, (&i, o)) in queries.iter().zip(outs.iter_mut()).enumerate() {
-            let (first, end) = (x * n + jb, x * n + len(i).min(jb + BLOCK));
+            let j0 = jb.max(start(i));
+            let (first, end) = (x * n + j0, x * n + len(i).min(jb + BLOCK));
             if first >= end {
                 continue;
             }
-            let value = |j: usize| &values[(jb + j) * kv_row + kv..(jb + j + 1) * kv_row];
+            let value = |j: usize| &values[(j0 + j) * kv_row + kv..(j0 + j + 1) * kv_row];
             accumulate::<L>(o, &scores[first..end], value);
         }
     }
@@ -264,7 +278,14 @@ mod tests {
     use super::*;
 
     /// Each (token, head) on its own: the definition the batched version must equal.
-    fn one_by_one(q: &[f32], keys: &[f32], values: &[f32], pos0: usize, s: Heads) -> Vec<f32> {
+    fn one_by_one(
+        q: &[f32],
+        keys: &[f32],
+        values: &[f32],
+        pos0: usize,
+        s: Heads,
+        window: Option<usize>,
+    ) -> Vec<f32> {
         let hd = s.head_dim;
         let mut out = vec![0f32; q.len()];
         let mut scores = Vec::new();
@@ -276,6 +297,7 @@ mod tests {
                 values,
                 pos0,
                 s,
+                window,
             };
             attend(&layer, &[i], &mut [o], &mut scores);
         }
@@ -303,18 +325,49 @@ mod tests {
                 head_dim,
             };
             for (pos0, m) in [(0, 1), (5, 1), (3, 7), (40, 19), (0, 33)] {
-                let q = random(m * heads * head_dim, 1);
-                let keys = random((pos0 + m) * kv_heads * head_dim, 2);
-                let values = random((pos0 + m) * kv_heads * head_dim, 3);
-                let want = one_by_one(&q, &keys, &values, pos0, s);
-                let mut got = vec![f32::NAN; q.len()];
-                attention(&q, &keys, &values, pos0, s, &mut got);
-                assert!(got == want, "{s:?} pos0 {pos0} m {m}");
-                // And a token's output does not depend on the tokens after it.
-                let mut first = vec![f32::NAN; heads * head_dim];
-                attention(&q[..heads * head_dim], &keys, &values, pos0, s, &mut first);
-                assert!(first[..] == want[..heads * head_dim], "{s:?} pos0 {pos0}");
+                for window in [None, Some(1), Some(6), Some(37)] {
+                    let q = random(m * heads * head_dim, 1);
+                    let keys = random((pos0 + m) * kv_heads * head_dim, 2);
+                    let values = random((pos0 + m) * kv_heads * head_dim, 3);
+                    let want = one_by_one(&q, &keys, &values, pos0, s, window);
+                    let mut got = vec![f32::NAN; q.len()];
+                    attention(&q, &keys, &values, pos0, s, window, &mut got);
+                    assert!(got == want, "{s:?} pos0 {pos0} m {m} window {window:?}");
+                    // And a token's output does not depend on the tokens after it.
+                    let mut first = vec![f32::NAN; heads * head_dim];
+                    let q0 = &q[..heads * head_dim];
+                    attention(q0, &keys, &values, pos0, s, window, &mut first);
+                    assert!(first[..] == want[..heads * head_dim], "{s:?} pos0 {pos0}");
+                }
             }
         }
+    }
+
+    #[test]
+    fn a_window_attends_to_the_last_positions_only() {
+        let s = Heads {
+            heads: 4,
+            kv_heads: 2,
+            head_dim: 8,
+        };
+        let row = s.kv_heads * s.head_dim;
+        let (pos0, window) = (30, 7);
+        let q = random(s.heads * s.head_dim, 1);
+        let keys = random((pos0 + 1) * row, 2);
+        let values = random((pos0 + 1) * row, 3);
+        let mut windowed = vec![0f32; q.len()];
+        attention(&q, &keys, &values, pos0, s, Some(window), &mut windowed);
+        // The same query over a cache that holds only those positions.
+        let from = pos0 + 1 - window;
+        let mut alone = vec![0f32; q.len()];
+        let (k, v) = (&keys[from * row..], &values[from * row..]);
+        attention(&q, k, v, pos0 - from, s, None, &mut alone);
+        assert!(windowed == alone);
+        // A window wider than the context changes nothing.
+        let mut full = vec![0f32; q.len()];
+        attention(&q, &keys, &values, pos0, s, None, &mut full);
+        let mut wide = vec![0f32; q.len()];
+        attention(&q, &keys, &values, pos0, s, Some(pos0 + 1), &mut wide);
+        assert!(wide == full && full != windowed);
     }
 }

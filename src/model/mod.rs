@@ -22,12 +22,21 @@ pub(crate) use synced::common_prefix;
 pub use synced::SyncedModel;
 pub use transformer::{Transformer, Weights};
 
+/// Tokens fed per forward pass when reading a prompt: bounds the activation memory, and
+/// is the step of the reading's progress.
+pub const PREFILL_CHUNK: usize = 256;
+
 /// A causal language model with a KV cache.
 ///
 /// The cache holds `len()` positions. `forward(tokens)` feeds `tokens` at positions
 /// `len()..len() + tokens.len()` and returns one row of logits per token: row `i` scores the
 /// token that follows `tokens[i]`. `truncate(n)` forgets every position from `n` on, so that
 /// after a rejected draft the model continues as if the rejected tokens were never fed.
+///
+/// Two properties the engine relies on: a forward or prefill that fails leaves `len()` as it
+/// was, and a forward over k tokens gives the same logits, bit for bit, as k one-token
+/// forwards (rows computed independently). Greedy output equal to the target's plain decoding
+/// and the prompt cache both depend on the second.
 pub trait Model: Send {
     /// A short name for messages and reports.
     fn name(&self) -> &str;
@@ -86,9 +95,9 @@ impl Logits {
         Self { data, vocab }
     }
 
-    /// Number of rows.
+    /// Number of (whole) rows.
     pub fn rows(&self) -> usize {
-        self.data.len() / self.vocab
+        self.data.len().checked_div(self.vocab).unwrap_or(0)
     }
 
     /// Row `i`.

@@ -1,6 +1,6 @@
 //! A model whose KV cache follows a caller's token sequence.
 
-use super::{Logits, Model};
+use super::{Logits, Model, PREFILL_CHUNK};
 use crate::costs::ForwardCost;
 use crate::error::{Error, Result};
 
@@ -72,13 +72,32 @@ impl SyncedModel {
     /// Brings the cache to `context` minus its last token, feeding what is missing
     /// without computing logits (the prompt, or text another drafter produced).
     pub fn prepare(&mut self, context: &[u32]) -> Result<()> {
+        self.prepare_with(context, &mut |_, _| {})
+    }
+
+    /// [`SyncedModel::prepare`], feeding [`PREFILL_CHUNK`] tokens at a time and calling
+    /// `progress(done, total)` with the tokens fed so far of those missing (a long prompt
+    /// takes minutes on a slow CPU). Rows are computed independently, so the chunks change
+    /// nothing in the cache.
+    pub fn prepare_with(
+        &mut self,
+        context: &[u32],
+        progress: &mut dyn FnMut(usize, usize),
+    ) -> Result<()> {
         let want = context.len().saturating_sub(1);
         let keep = self.cached(context);
         self.model.truncate(keep);
         self.fed.truncate(keep);
-        if keep < want {
-            self.model.prefill(&context[keep..want])?;
-            self.fed.extend_from_slice(&context[keep..want]);
+        let missing = &context[keep.min(want)..want];
+        let mut done = 0;
+        for chunk in missing.chunks(PREFILL_CHUNK) {
+            progress(done, missing.len());
+            self.model.prefill(chunk)?;
+            self.fed.extend_from_slice(chunk);
+            done += chunk.len();
+        }
+        if done > 0 {
+            progress(done, missing.len());
         }
         Ok(())
     }
@@ -106,6 +125,19 @@ impl SyncedModel {
         feed.extend_from_slice(&context[from..]);
         feed.extend_from_slice(draft);
         let logits = self.model.forward(&feed)?;
+        let vocab = self.model.vocab_size();
+        if logits.rows() != feed.len() || logits.vocab() != vocab {
+            // A plug-in model's mistake: an error here, not an index out of bounds later.
+            self.model.truncate(from);
+            return Err(Error::Compute(format!(
+                "`{}` returned {} rows of {} logits for {} tokens fed (expected {} rows of {vocab})",
+                self.model.name(),
+                logits.rows(),
+                logits.vocab(),
+                feed.len(),
+                feed.len()
+            )));
+        }
         self.fed.extend_from_slice(&feed);
         self.calls += 1;
         Ok(logits.tail(draft.len() + 1))
@@ -163,8 +195,9 @@ mod tests {
     use std::sync::atomic::{AtomicUsize, Ordering};
     use std::sync::Arc;
 
-    /// A model that records what it was fed, and counts its forward passes.
-    struct Echo(Vec<u32>, Arc<AtomicUsize>);
+    /// A model that records what it was fed, and counts its forward passes; with `.2`, its
+    /// logits are one row short.
+    struct Echo(Vec<u32>, Arc<AtomicUsize>, bool);
 
     impl Model for Echo {
         fn name(&self) -> &str {
@@ -173,7 +206,8 @@ mod tests {
         fn forward(&mut self, tokens: &[u32]) -> Result<Logits> {
             self.0.extend_from_slice(tokens);
             self.1.fetch_add(1, Ordering::Relaxed);
-            Ok(Logits::new(vec![0.0; tokens.len() * 2], 2))
+            let rows = tokens.len() - usize::from(self.2);
+            Ok(Logits::new(vec![0.0; rows * 2], 2))
         }
         fn len(&self) -> usize {
             self.0.len()
@@ -191,7 +225,7 @@ mod tests {
 
     fn echo() -> (SyncedModel, Arc<AtomicUsize>) {
         let passes = Arc::new(AtomicUsize::new(0));
-        let m = SyncedModel::new(Box::new(Echo(Vec::new(), passes.clone())));
+        let m = SyncedModel::new(Box::new(Echo(Vec::new(), passes.clone(), false)));
         (m, passes)
     }
 
@@ -237,6 +271,43 @@ mod tests {
         assert_eq!((m.cached(&[1, 2, 3, 9, 9]), m.model().len()), (0, 0));
         m.prepare(&[1, 2, 3, 9, 9]).unwrap();
         assert_eq!(m.fed, [1, 2, 3, 9]);
+    }
+
+    #[test]
+    fn a_long_prompt_is_read_in_chunks_with_its_progress_reported() {
+        let (mut m, passes) = echo();
+        m.prepare(&[1, 2, 3]).unwrap();
+        m.commit(&[1, 2, 3]);
+        m.reset();
+        // [1, 2] cached (a context's last token is fed by the next round), 2.5 chunks missing.
+        let prompt: Vec<u32> = (1..=(2 + 5 * PREFILL_CHUNK / 2 + 1) as u32).collect();
+        let missing = prompt.len() - 1 - 2;
+        let before = passes.load(Ordering::Relaxed);
+        let mut seen = Vec::new();
+        m.prepare_with(&prompt, &mut |done, total| seen.push((done, total)))
+            .unwrap();
+        let steps = [0, PREFILL_CHUNK, 2 * PREFILL_CHUNK, missing];
+        assert_eq!(seen, steps.map(|d| (d, missing)));
+        assert_eq!(passes.load(Ordering::Relaxed), before + 3);
+        assert_eq!(m.fed, prompt[..prompt.len() - 1]);
+        // Nothing missing: nothing fed, nothing reported.
+        seen.clear();
+        m.prepare_with(&prompt, &mut |done, total| seen.push((done, total)))
+            .unwrap();
+        assert!(seen.is_empty());
+    }
+
+    #[test]
+    fn logits_of_the_wrong_shape_are_an_error_and_feed_nothing() {
+        let short = Echo(Vec::new(), Arc::new(AtomicUsize::new(0)), true);
+        let mut m = SyncedModel::new(Box::new(short));
+        let e = m.score(&[1, 2, 3], &[4]).unwrap_err().to_string();
+        assert_eq!(
+            e,
+            "model computation failed: `echo` returned 3 rows of 2 logits for 4 tokens fed \
+             (expected 4 rows of 2)"
+        );
+        assert_eq!((m.model().len(), m.fed.len()), (0, 0));
     }
 
     #[test]

@@ -1,9 +1,13 @@
-//! The decoder-only transformer behind the `qwen2` and `llama` GGUF architectures.
+//! The decoder-only transformer behind the `qwen2`, `llama` and `gemma3` GGUF architectures.
 //!
-//! The two differ only in configuration: qwen2 has biases on the q/k/v projections and
-//! rotates halves of each head (NeoX RoPE); llama GGUFs store q/k permuted for rotating
-//! adjacent pairs. Activations are plain `f32` rows: every operation works row by row in a
-//! fixed order, so a token's logits do not depend on how many tokens share its forward pass.
+//! They differ only in configuration: qwen2 has biases on the q/k/v projections and rotates
+//! halves of each head (NeoX RoPE); llama GGUFs store q/k permuted for rotating adjacent
+//! pairs. Gemma 3 scales the embeddings by the square root of their width, normalizes each
+//! query and key head, normalizes the attention and feed-forward outputs again before adding
+//! them, gates with GELU (tanh approximation) instead of SiLU, and lets five of every six
+//! layers attend only to a window of recent positions, with their own RoPE base. Activations
+//! are plain `f32` rows: every operation works row by row in a fixed order, so a token's
+//! logits do not depend on how many tokens share its forward pass.
 
 use crate::error::{Error, Result};
 use crate::model::attention::{attention, Heads};
@@ -51,7 +55,31 @@ pub struct Config {
     pub rope_base: f32,
     /// How RoPE pairs dimensions.
     pub rope_style: RopeStyle,
+    /// What the embeddings are multiplied by.
+    pub embedding_scale: f32,
+    /// The feed-forward gate's activation.
+    pub activation: Activation,
+    /// Sliding-window attention: the window, and the RoPE base of the layers that use it
+    /// (all but every `SLIDING_PATTERN`th).
+    pub sliding: Option<(usize, f32)>,
+    /// Linear RoPE scaling of the layers that attend to the whole context: positions are
+    /// multiplied by this (1 / `rope.scaling.factor`).
+    pub rope_scale: f32,
 }
+
+/// The activation of the feed-forward gate.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Activation {
+    /// `x * sigmoid(x)` (qwen2, llama).
+    Silu,
+    /// GELU, tanh approximation (Gemma).
+    GeluTanh,
+}
+
+/// Gemma 3: every sixth layer attends to the whole context, the others to a window.
+const SLIDING_PATTERN: usize = 6;
+/// Gemma 3's RoPE base for its sliding-window layers (llama.cpp and transformers fix it too).
+const SLIDING_ROPE_BASE: f32 = 10_000.0;
 
 impl Config {
     /// Reads the hyperparameters and checks them for range and consistency with each other
@@ -60,7 +88,7 @@ impl Config {
     pub fn from_gguf(f: &GgufFile<'_>) -> Result<Self> {
         let arch = f.string("general.architecture")?;
         let rope_style = match arch.as_str() {
-            "qwen2" => RopeStyle::Halves,
+            "qwen2" | "gemma3" => RopeStyle::Halves,
             "llama" => RopeStyle::Interleaved,
             _ => {
                 return Err(Error::UnsupportedArchitecture {
@@ -96,9 +124,24 @@ impl Config {
                 "{heads} attention heads cannot be shared evenly by {kv_heads} key-value heads"
             )));
         }
-        if hidden % heads != 0 || (hidden / heads) % 2 != 0 {
+        // The head width: given (Gemma), or the embedding shared by the heads.
+        let head_dim = match f.get(&key("attention.key_length")) {
+            Some(_) => ranged("attention.key_length", 1 << 12)?,
+            None if hidden % heads == 0 => hidden / heads,
+            None => {
+                return Err(bad(format!(
+                    "embedding length {hidden} is not shared evenly by {heads} heads"
+                )))
+            }
+        };
+        if head_dim % 2 != 0 {
+            return Err(bad(format!("head dimension {head_dim} is odd")));
+        }
+        if f.get(&key("attention.value_length")).is_some()
+            && ranged("attention.value_length", 1 << 12)? != head_dim
+        {
             return Err(bad(format!(
-                "embedding length {hidden} over {heads} heads does not give an even head dimension"
+                "value heads differ in width from the key heads ({head_dim}), which is not supported"
             )));
         }
         let positive = |k: &str, default: f32| -> Result<f32> {
@@ -121,20 +164,46 @@ impl Config {
             }
             None => return Err(bad("tensor `token_embd.weight` is missing".into())),
         };
+        let gemma = arch == "gemma3";
+        let sliding = match gemma {
+            true => Some((
+                ranged("attention.sliding_window", 1 << 24)?,
+                SLIDING_ROPE_BASE,
+            )),
+            false => None,
+        };
         Ok(Self {
             layers: ranged("block_count", 1 << 10)?,
             hidden,
             heads,
             kv_heads,
-            head_dim: hidden / heads,
+            head_dim,
             feed_forward: ranged("feed_forward_length", 1 << 20)?,
             vocab,
             context_length: ranged("context_length", 1 << 24)?,
             rms_eps: positive("attention.layer_norm_rms_epsilon", 1e-6)?,
             rope_base: positive("rope.freq_base", 10_000.0)?,
             rope_style,
+            embedding_scale: if gemma { (hidden as f32).sqrt() } else { 1.0 },
+            activation: if gemma {
+                Activation::GeluTanh
+            } else {
+                Activation::Silu
+            },
+            sliding,
+            rope_scale: match f.string(&key("rope.scaling.type")).ok().as_deref() {
+                Some("linear") => 1.0 / positive("rope.scaling.factor", 1.0)?,
+                _ => 1.0,
+            },
             arch,
         })
+    }
+
+    /// The window of recent positions layer `i` attends to, if it attends to a window only.
+    fn window(&self, i: usize) -> Option<usize> {
+        self.sliding
+            .filter(|_| !(i + 1).is_multiple_of(SLIDING_PATTERN))
+            .map(|(w, _)| w)
     }
 }
 
@@ -146,11 +215,20 @@ struct Layer {
     bias_q: Option<Vec<f32>>,
     bias_k: Option<Vec<f32>>,
     bias_v: Option<Vec<f32>>,
+    /// Per-head norms of queries and keys (Gemma).
+    q_norm: Option<Vec<f32>>,
+    k_norm: Option<Vec<f32>>,
     wo: QWeight,
+    /// Norm of the attention output before it is added (Gemma).
+    post_attn_norm: Option<Vec<f32>>,
     ffn_norm: Vec<f32>,
     gate: QWeight,
     up: QWeight,
     down: QWeight,
+    /// Norm of the feed-forward output before it is added (Gemma).
+    post_ffn_norm: Option<Vec<f32>>,
+    /// Attends only to this many recent positions.
+    window: Option<usize>,
 }
 
 /// Immutable weights, shared (through `Arc`) by every model instance that uses them.
@@ -165,6 +243,8 @@ pub struct Weights {
     /// `None` when the output projection is tied to the embeddings.
     output: Option<QWeight>,
     inv_freq: Vec<f32>,
+    /// RoPE frequencies of the sliding-window layers.
+    inv_freq_sliding: Vec<f32>,
 }
 
 impl Weights {
@@ -198,8 +278,15 @@ impl Weights {
             let gate = w("ffn_gate.weight", &[ff, d])?;
             let up = w("ffn_up.weight", &[ff, d])?;
             let down = w("ffn_down.weight", &[d, ff])?;
-            let bias = |f: &mut GgufFile, t: &str, len: usize| -> Result<Option<Vec<f32>>> {
+            let optional = |f: &mut GgufFile, t: &str, len: usize| -> Result<Option<Vec<f32>>> {
                 match f.has_tensor(&name(t)) {
+                    true => vector(f, t, len).map(Some),
+                    false => Ok(None),
+                }
+            };
+            // Gemma's norms are required of it (a file missing one is damaged).
+            let gemma = |f: &mut GgufFile, t: &str, len: usize| -> Result<Option<Vec<f32>>> {
+                match c.sliding.is_some() {
                     true => vector(f, t, len).map(Some),
                     false => Ok(None),
                 }
@@ -209,14 +296,19 @@ impl Weights {
                 wq,
                 wk,
                 wv,
-                bias_q: bias(f, "attn_q.bias", qd)?,
-                bias_k: bias(f, "attn_k.bias", kvd)?,
-                bias_v: bias(f, "attn_v.bias", kvd)?,
+                bias_q: optional(f, "attn_q.bias", qd)?,
+                bias_k: optional(f, "attn_k.bias", kvd)?,
+                bias_v: optional(f, "attn_v.bias", kvd)?,
+                q_norm: gemma(f, "attn_q_norm.weight", c.head_dim)?,
+                k_norm: gemma(f, "attn_k_norm.weight", c.head_dim)?,
                 wo,
+                post_attn_norm: gemma(f, "post_attention_norm.weight", d)?,
                 ffn_norm: vector(f, "ffn_norm.weight", d)?,
                 gate,
                 up,
                 down,
+                post_ffn_norm: gemma(f, "post_ffw_norm.weight", d)?,
+                window: c.window(i),
             });
         }
         progress(c.layers, c.layers);
@@ -226,14 +318,17 @@ impl Weights {
         } else {
             None
         };
-        let half = config.head_dim / 2;
-        let inv_freq = (0..half)
-            .map(|i| {
-                1.0 / config
-                    .rope_base
-                    .powf(2.0 * i as f32 / config.head_dim as f32)
-            })
-            .collect();
+        let frequencies = |base: f32, scale: f32| -> Vec<f32> {
+            let hd = config.head_dim;
+            (0..hd / 2)
+                .map(|i| scale / base.powf(2.0 * i as f32 / hd as f32))
+                .collect()
+        };
+        let inv_freq = frequencies(config.rope_base, config.rope_scale);
+        let inv_freq_sliding = match config.sliding {
+            Some((_, base)) => frequencies(base, 1.0),
+            None => inv_freq.clone(),
+        };
         Ok(Self {
             config,
             kernels,
@@ -242,6 +337,7 @@ impl Weights {
             out_norm,
             output,
             inv_freq,
+            inv_freq_sliding,
         })
     }
 
@@ -320,6 +416,9 @@ impl Transformer {
             }
             time(Section::Embed, || w.embeddings.row(t as usize, row));
         }
+        if c.embedding_scale != 1.0 {
+            x.iter_mut().for_each(|v| *v *= c.embedding_scale);
+        }
         let (qd, kvd, ffd) = (c.heads * hd, c.kv_heads * hd, c.feed_forward);
         let heads = Heads {
             heads: c.heads,
@@ -344,16 +443,27 @@ impl Transformer {
                 add_bias(&mut v, l.bias_v.as_deref());
                 Ok(())
             })?;
+            time(Section::Norm, || {
+                norm_in_place(&mut q, l.q_norm.as_deref(), c.rms_eps);
+                norm_in_place(&mut k, l.k_norm.as_deref(), c.rms_eps);
+            });
+            let inv_freq = match l.window {
+                Some(_) => &w.inv_freq_sliding,
+                None => &w.inv_freq,
+            };
             time(Section::Rope, || {
-                rope(&mut q, c.heads, hd, pos0, &w.inv_freq, c.rope_style);
-                rope(&mut k, c.kv_heads, hd, pos0, &w.inv_freq, c.rope_style);
+                rope(&mut q, c.heads, hd, pos0, inv_freq, c.rope_style);
+                rope(&mut k, c.kv_heads, hd, pos0, inv_freq, c.rope_style);
             });
             self.cache.append(li, &k, &v);
             let (keys, values) = self.cache.layer(li);
             time(Section::Attention, || {
-                attention(&q, keys, values, pos0, heads, &mut att)
+                attention(&q, keys, values, pos0, heads, l.window, &mut att)
             });
             time(Section::AttnOut, || l.wo.matmul(&att, &mut proj))?;
+            time(Section::Norm, || {
+                norm_in_place(&mut proj, l.post_attn_norm.as_deref(), c.rms_eps)
+            });
             add(&mut x, &proj);
             time(Section::Norm, || {
                 rms_norm(&x, &l.ffn_norm, c.rms_eps, &mut h)
@@ -361,10 +471,16 @@ impl Transformer {
             time(Section::GateUp, || -> Result<()> {
                 l.gate.matmul(&h, &mut g)?;
                 l.up.matmul(&h, &mut u)?;
-                silu_mul(&mut g, &u);
+                match c.activation {
+                    Activation::Silu => silu_mul(&mut g, &u),
+                    Activation::GeluTanh => gelu_tanh_mul(&mut g, &u),
+                }
                 Ok(())
             })?;
             time(Section::Down, || l.down.matmul(&g, &mut proj))?;
+            time(Section::Norm, || {
+                norm_in_place(&mut proj, l.post_ffn_norm.as_deref(), c.rms_eps)
+            });
             add(&mut x, &proj);
         }
         self.cache.commit(m);
@@ -419,8 +535,8 @@ impl Model for Transformer {
     }
 
     fn prefill(&mut self, tokens: &[u32]) -> Result<()> {
-        // Chunks bound the activation memory; rows are independent, so chunking changes nothing.
-        for chunk in tokens.chunks(256) {
+        // Rows are independent, so chunking changes nothing.
+        for chunk in tokens.chunks(super::PREFILL_CHUNK) {
             self.hidden(chunk)
                 .inspect_err(|_| self.cache.discard_uncommitted())?;
         }
@@ -453,15 +569,43 @@ crate::vecmath::fast_path! {
     }
 }
 
+/// `g = gelu(g) * u`, element by element, GELU in its tanh approximation.
+fn gelu_tanh_mul(g: &mut [f32], u: &[f32]) {
+    const SQRT_2_OVER_PI: f32 = 0.797_884_6;
+    for (g, u) in g.iter_mut().zip(u) {
+        let x = *g;
+        let inner = SQRT_2_OVER_PI * (x + 0.044_715 * x * x * x);
+        *g = 0.5 * x * (1.0 + inner.tanh()) * u;
+    }
+}
+
+/// RMS-normalizes every `weight.len()` values of `x` in place (each head of a row, or each
+/// row), if there is a weight.
+fn norm_in_place(x: &mut [f32], weight: Option<&[f32]>, eps: f32) {
+    if let Some(weight) = weight {
+        for row in x.chunks_mut(weight.len()) {
+            let scale = rms_scale(row, eps);
+            row.iter_mut()
+                .zip(weight)
+                .for_each(|(v, &w)| *v = *v * scale * w);
+        }
+    }
+}
+
 fn rms_norm(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
     let d = weight.len();
     for (xr, or) in x.chunks(d).zip(out.chunks_mut(d)) {
-        let ss: f32 = xr.iter().map(|v| v * v).sum::<f32>() / d as f32;
-        let scale = 1.0 / (ss + eps).sqrt();
+        let scale = rms_scale(xr, eps);
         for ((o, &xv), &wv) in or.iter_mut().zip(xr).zip(weight) {
             *o = xv * scale * wv;
         }
     }
+}
+
+/// `1 / sqrt(mean(x²) + eps)`.
+fn rms_scale(x: &[f32], eps: f32) -> f32 {
+    let ss: f32 = x.iter().map(|v| v * v).sum::<f32>() / x.len() as f32;
+    1.0 / (ss + eps).sqrt()
 }
 
 fn add(x: &mut [f32], y: &[f32]) {

@@ -126,6 +126,7 @@ pub fn models_dir() -> PathBuf {
 pub const TARGET: &str = "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf";
 pub const DRAFT: &str = "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf";
 pub const SMOLLM2: &str = "smollm2-135m-instruct-q4_1.gguf";
+pub const GEMMA3: &str = "gemma-3-270m-q4_k_m.gguf";
 
 /// A real model, loaded once per test binary. Missing files fail loudly: the README's test
 /// command fetches them first.

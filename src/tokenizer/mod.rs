@@ -1,5 +1,7 @@
 //! Tokenizers: built from the GGUF's embedded vocabulary, or read from a `tokenizer.json`.
 
+mod sentencepiece;
+
 use crate::error::{Error, Result};
 use crate::model::gguf::GgufFile;
 use candle_core::quantized::tokenizer::TokenizerFromGguf;
@@ -26,10 +28,13 @@ impl Tokenizer {
     pub fn load(gguf: &GgufFile<'_>, tokenizer_json: Option<&Path>) -> Result<Self> {
         let inner = match tokenizer_json {
             Some(p) => tokenizers::Tokenizer::from_file(p)
-                .map_err(|e| Error::Tokenizer(format!("{}: {e}", p.display())))?,
+                .map_err(|e| Error::Tokenizer(format!("cannot load {}: {e}", p.display())))?,
+            None if gguf.string("tokenizer.ggml.model").ok().as_deref() == Some("llama") => {
+                sentencepiece::from_gguf(gguf)?
+            }
             None => tokenizers::Tokenizer::from_gguf(&gguf.content).map_err(|e| {
                 Error::Tokenizer(format!(
-                    "{}: {}",
+                    "cannot load {}: {}",
                     gguf.path.display(),
                     Error::candle_message(e)
                 ))
@@ -60,7 +65,7 @@ impl Tokenizer {
     pub fn from_file(path: &Path) -> Result<Self> {
         if path.extension().is_some_and(|e| e == "json") {
             let inner = tokenizers::Tokenizer::from_file(path)
-                .map_err(|e| Error::Tokenizer(format!("{}: {e}", path.display())))?;
+                .map_err(|e| Error::Tokenizer(format!("cannot load {}: {e}", path.display())))?;
             Ok(Self::from_parts(inner, Vec::new()))
         } else {
             Self::load(&GgufFile::open(path)?, None)
