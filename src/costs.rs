@@ -306,14 +306,15 @@ const VERSION: u32 = 2;
 pub const MAX_ENTRIES: usize = 64;
 
 /// Drops the entries measured longest ago beyond [`MAX_ENTRIES`] (times are UTC, written
-/// `YYYY-MM-DD HH:MM`, so they sort as text).
-fn prune(entries: &mut BTreeMap<String, Entry>) {
+/// `YYYY-MM-DD HH:MM`, so they sort as text), never those in `keep` (the ones in use).
+fn prune(entries: &mut BTreeMap<String, Entry>, keep: &[String]) {
     let mut by_age: Vec<(String, String)> = entries
         .iter()
+        .filter(|(k, _)| !keep.contains(k))
         .map(|(k, e)| (e.measured.clone(), k.clone()))
         .collect();
     by_age.sort();
-    let excess = by_age.len().saturating_sub(MAX_ENTRIES);
+    let excess = entries.len().saturating_sub(MAX_ENTRIES).min(by_age.len());
     for (_, key) in &by_age[..excess] {
         entries.remove(key);
     }
@@ -441,7 +442,8 @@ impl CostCache {
                 };
                 self.entries.insert(Self::key(m), entry);
             }
-            prune(&mut self.entries);
+            let in_use: Vec<String> = models.iter().map(|&m| Self::key(m)).collect();
+            prune(&mut self.entries, &in_use);
             self.save()?;
         }
         let entries: Vec<&Entry> = models
@@ -598,11 +600,24 @@ mod tests {
             .collect();
         let mut times: Vec<String> = entries.values().map(|e| e.measured.clone()).collect();
         times.sort();
-        prune(&mut entries);
+        // An entry in use is kept however old: the oldest of all.
+        let oldest = entries
+            .iter()
+            .min_by_key(|(k, e)| (&e.measured, *k))
+            .map(|(k, _)| k.clone())
+            .unwrap();
+        prune(&mut entries, std::slice::from_ref(&oldest));
         assert_eq!(entries.len(), MAX_ENTRIES);
-        let oldest_kept = entries.values().map(|e| &e.measured).min().unwrap();
-        assert!(times[..3].iter().all(|t| t <= oldest_kept));
-        assert_eq!(times[3], *oldest_kept);
+        assert!(entries.contains_key(&oldest));
+        let oldest_other = entries
+            .iter()
+            .filter(|(k, _)| **k != oldest)
+            .map(|(_, e)| &e.measured)
+            .min()
+            .unwrap();
+        // The three dropped were the oldest after it.
+        assert!(times[1..4].iter().all(|t| t <= oldest_other));
+        assert_eq!(times[4], *oldest_other);
     }
 
     #[test]

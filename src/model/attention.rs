@@ -25,6 +25,8 @@ pub struct Heads {
     pub kv_heads: usize,
     /// Width of a head.
     pub head_dim: usize,
+    /// What query-key dot products are multiplied by (`1 / sqrt(head_dim)`, mostly).
+    pub scale: f32,
 }
 
 /// Most tokens a task takes: bounds its score buffer (queries x positions).
@@ -115,7 +117,7 @@ const BLOCK: usize = 32;
 /// into `outs`, walking the keys once and the values once.
 ///
 /// Per query, the arithmetic is fixed: score `j` is [`dots`] of the query and key `j` times
-/// `1 / sqrt(head_dim)`; weights are `exp(score - max) / sum`, summed in position order;
+/// the scale; weights are `exp(score - max) / sum`, summed in position order;
 /// each output value is `fma(weight_j, value_j, acc)` over positions in order. It runs on AVX2
 /// registers where the CPU has AVX2 and FMA, on arrays otherwise, with the same results.
 fn attend(layer: &Layer, queries: &[usize], outs: &mut [&mut [f32]], scores: &mut Vec<f32>) {
@@ -154,7 +156,7 @@ unsafe fn attend_with<L: Lanes>(
     let hd = s.head_dim;
     let kv_row = s.kv_heads * hd;
     let kv = (queries[0] % s.heads) / (s.heads / s.kv_heads) * hd;
-    let scale = 1.0 / (hd as f32).sqrt();
+    let scale = s.scale;
     // Query i attends to positions start(i)..len(i), its own included.
     let len = |i: usize| pos0 + i / s.heads + 1;
     let start = |i: usize| window.map_or(0, |w| len(i).saturating_sub(w));
@@ -323,6 +325,7 @@ mod tests {
                 heads,
                 kv_heads,
                 head_dim,
+                scale: 1.0 / (head_dim as f32).sqrt(),
             };
             for (pos0, m) in [(0, 1), (5, 1), (3, 7), (40, 19), (0, 33)] {
                 for window in [None, Some(1), Some(6), Some(37)] {
@@ -349,6 +352,7 @@ mod tests {
             heads: 4,
             kv_heads: 2,
             head_dim: 8,
+            scale: 0.3,
         };
         let row = s.kv_heads * s.head_dim;
         let (pos0, window) = (30, 7);

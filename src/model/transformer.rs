@@ -65,6 +65,10 @@ pub struct Config {
     /// Linear RoPE scaling of the layers that attend to the whole context: positions are
     /// multiplied by this (1 / `rope.scaling.factor`).
     pub rope_scale: f32,
+    /// What query-key dot products are multiplied by: `1 / sqrt(head_dim)`, except in Gemma 3
+    /// 27B (62 layers), trained with `1 / sqrt(hidden / heads)` (its `query_pre_attn_scalar`,
+    /// which the GGUF does not carry; llama.cpp tells it by its size too).
+    pub attention_scale: f32,
 }
 
 /// The activation of the feed-forward gate.
@@ -172,8 +176,9 @@ impl Config {
             )),
             false => None,
         };
+        let layers = ranged("block_count", 1 << 10)?;
         Ok(Self {
-            layers: ranged("block_count", 1 << 10)?,
+            layers,
             hidden,
             heads,
             kv_heads,
@@ -191,6 +196,10 @@ impl Config {
                 Activation::Silu
             },
             sliding,
+            attention_scale: match (gemma, layers) {
+                (true, 62) => 1.0 / ((hidden / heads) as f32).sqrt(),
+                _ => 1.0 / (head_dim as f32).sqrt(),
+            },
             rope_scale: match f.string(&key("rope.scaling.type")).ok().as_deref() {
                 Some("linear") => 1.0 / positive("rope.scaling.factor", 1.0)?,
                 _ => 1.0,
@@ -424,6 +433,7 @@ impl Transformer {
             heads: c.heads,
             kv_heads: c.kv_heads,
             head_dim: hd,
+            scale: c.attention_scale,
         };
         let mut h = vec![0f32; m * d];
         let (mut q, mut k, mut v) = (vec![0f32; m * qd], vec![0f32; m * kvd], vec![0f32; m * kvd]);
