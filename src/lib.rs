@@ -62,6 +62,9 @@ pub mod tokenizer;
 mod vecmath;
 
 pub use error::{Error, Result};
+/// The `rand` this crate draws with: a plug-in drafter that samples from a round's
+/// [`sampling::Rng`] needs its traits (`use cascade::rand::Rng as _;`), at this version.
+pub use rand;
 
 /// Forward time by section, when `CASCADE_PROFILE=1` (otherwise `None`).
 pub fn profile_report() -> Option<String> {

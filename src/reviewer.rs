@@ -53,8 +53,12 @@ pub struct Reviewer {
     lenience: f32,
     /// Reviews of the drafter's proposals, by position.
     pub counts: ReviewCounts,
-    /// When drafts are sized adaptively: this model's forward cost and what it learned.
-    adaptive: Option<Adaptive>,
+    /// When drafts are sized adaptively: this model's forward cost and what it learned, kept
+    /// apart for greedy and for sampled reviews (a sampled token is accepted less often, and a
+    /// server mixes both).
+    adaptive: Option<[Adaptive; 2]>,
+    /// Whether the last round sampled: which of the two [`Reviewer::adaptive`] reports.
+    sampled: bool,
 }
 
 impl Reviewer {
@@ -67,18 +71,21 @@ impl Reviewer {
             lenience,
             counts: ReviewCounts::default(),
             adaptive: None,
+            sampled: false,
         }
     }
 
     /// Sizes drafts adaptively (see [`crate::gate`]), with this model's measured forward
     /// cost; the draft length asked for becomes an upper bound.
     pub fn set_adaptive(&mut self, verify: ForwardCost, priors: &[(String, Priors)]) {
-        self.adaptive = Some(Adaptive::new(verify).with_priors(priors));
+        let adaptive = Adaptive::new(verify).with_priors(priors);
+        self.adaptive = Some([adaptive.clone(), adaptive]);
     }
 
-    /// With adaptive drafting, what this level learned of the drafters below it.
+    /// With adaptive drafting, what this level learned of the drafters below it, for the
+    /// kind of sampling (greedy or not) of its last round.
     pub fn adaptive(&self) -> Option<&Adaptive> {
-        self.adaptive.as_ref()
+        self.adaptive.as_ref().map(|a| &a[self.sampled as usize])
     }
 
     /// Replaces the review rule: for experiments, and for tests that show a broken rule is
@@ -124,9 +131,10 @@ impl Reviewer {
     pub fn reset(&mut self) {
         self.model.reset();
         self.counts = ReviewCounts::default();
-        if let Some(a) = &mut self.adaptive {
-            a.reset_counts();
-        }
+        self.adaptive
+            .iter_mut()
+            .flatten()
+            .for_each(Adaptive::reset_counts);
     }
 
     /// Empties the cache: the next sequence is read from its first token.
@@ -148,7 +156,7 @@ impl Reviewer {
     /// (with adaptive drafting, this bounds what drafters may spend catching up on the text:
     /// [`Adaptive::set_horizon`]).
     pub fn set_horizon(&mut self, generated: usize, remaining: usize) {
-        if let Some(a) = &mut self.adaptive {
+        for a in self.adaptive.iter_mut().flatten() {
             a.set_horizon(generated, remaining);
         }
     }
@@ -172,7 +180,8 @@ impl Reviewer {
         rng: &mut Rng,
         emit: bool,
     ) -> Result<Round> {
-        let mut gate = match &self.adaptive {
+        self.sampled = !sampling.is_greedy();
+        let mut gate = match self.adaptive() {
             Some(a) => Gate::adaptive_at(a.clone(), self.model.behind(context), context.len()),
             None => Gate::fixed(),
         };
@@ -200,7 +209,7 @@ impl Reviewer {
         );
         self.counts.record(draft.len(), verdict.accepted);
         if let Some(a) = &mut self.adaptive {
-            a.learn(&gate, verdict.accepted);
+            a[self.sampled as usize].learn(&gate, verdict.accepted);
         }
         self.model.settle(context.len() + verdict.accepted);
         let mut tokens = draft.tokens()[..verdict.accepted].to_vec();

@@ -111,3 +111,51 @@ fn a_nearly_full_context_does_not_pay_for_reading_the_prompt() {
         assert_eq!(calls > 0, reads, "context {context}: {calls} forward calls");
     }
 }
+
+/// What the gate learns from greedy reviews does not size sampled drafts (a sampled token is
+/// accepted less often, and a server mixes both): a sampled generation after a greedy one
+/// learns what it learns alone.
+#[test]
+fn greedy_and_sampled_reviews_are_learned_apart() {
+    let prompt: Vec<u32> = (0..24).map(|i| (i * 3 % VOCAB) as u32).collect();
+    let engine = || {
+        Engine::new(
+            Box::new(ToyModel::new(5, VOCAB, 6.0)),
+            Some(Box::new(neural())),
+            toy_tokenizer(VOCAB),
+        )
+        .with_adaptive(verify_cost(), &[])
+    };
+    let opts = |temperature: f32| GenerateOptions {
+        max_new_tokens: 80,
+        ignore_eos: true,
+        sampling: cascade::sampling::Sampling {
+            temperature,
+            ..Default::default()
+        },
+        seed: 7,
+        ..Default::default()
+    };
+    let learned = |e: &Engine| {
+        let c = e.adaptive().unwrap().calibration("d").unwrap();
+        let estimates: Vec<f64> = (0..=20)
+            .map(|i| c.estimate(Some(i as f32 / 20.0)))
+            .collect();
+        (estimates, e.adaptive().unwrap().report())
+    };
+    let mut alone = engine();
+    let g = alone.generate(&prompt, &opts(1.0), &mut |_| {}).unwrap();
+    assert!(g.stats.drafted > 0, "{:?}", g.stats);
+    let mut after_greedy = engine();
+    let greedy = after_greedy
+        .generate(&prompt, &opts(0.0), &mut |_| {})
+        .unwrap();
+    assert!(greedy.stats.drafted > 0, "{:?}", greedy.stats);
+    let greedy_learned = learned(&after_greedy);
+    after_greedy.forget();
+    after_greedy
+        .generate(&prompt, &opts(1.0), &mut |_| {})
+        .unwrap();
+    assert_eq!(learned(&after_greedy), learned(&alone));
+    assert_ne!(greedy_learned, learned(&alone));
+}

