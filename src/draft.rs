@@ -226,6 +226,35 @@ impl<'a> Request<'a> {
                     "reported a distribution at position {i} that does not fit the vocabulary ({vocab} tokens; a dense one needs one probability per token)"
                 ));
             }
+            // The review reads q(x) as given, while sampling normalizes: weights that do not
+            // sum to 1, or a token listed twice, would misstate what the token was drawn from.
+            let total = match dist {
+                Dist::Point(_) => 1.0,
+                Dist::Dense(p) => sum(p),
+                Dist::Sparse(s) => {
+                    let mut ids: Vec<u32> = s.iter().map(|&(x, _)| x).collect();
+                    ids.sort_unstable();
+                    if let Some(w) = ids.windows(2).find(|w| w[0] == w[1]) {
+                        return broke(format!(
+                            "reported a sparse distribution at position {i} that lists token {} twice",
+                            w[0]
+                        ));
+                    }
+                    s.iter()
+                        .map(|&(_, p)| if p >= 0.0 { p } else { f32::NAN })
+                        .sum()
+                }
+            };
+            if total.is_nan() {
+                return broke(format!(
+                    "reported a distribution at position {i} with a negative or NaN probability"
+                ));
+            }
+            if (total - 1.0).abs() > 1e-3 {
+                return broke(format!(
+                    "reported a distribution at position {i} whose probabilities sum to {total}, not 1"
+                ));
+            }
             let p = dist.prob(t);
             if p.is_nan() || p <= 0.0 {
                 return broke(format!(
@@ -235,6 +264,23 @@ impl<'a> Request<'a> {
         }
         Ok(())
     }
+}
+
+/// The sum of probabilities, NaN if one is negative or NaN (eight lanes: vectorized).
+fn sum(p: &[f32]) -> f32 {
+    let mut lanes = [0.0f32; 8];
+    let mut chunks = p.chunks_exact(8);
+    for c in &mut chunks {
+        for (l, &v) in lanes.iter_mut().zip(c) {
+            *l += if v >= 0.0 { v } else { f32::NAN };
+        }
+    }
+    let rest: f32 = chunks
+        .remainder()
+        .iter()
+        .map(|&v| if v >= 0.0 { v } else { f32::NAN })
+        .sum();
+    lanes.iter().sum::<f32>() + rest
 }
 
 /// A greedy draft of up to `k` tokens (the unit tests' drafters use ids below 2^20).

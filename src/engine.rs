@@ -260,7 +260,8 @@ impl Engine {
 
     /// [`Engine::generate`], calling `reading(done, total)` as the target reads the prompt
     /// tokens it does not already hold (a progress bar: a long prompt takes minutes on a slow
-    /// CPU).
+    /// CPU). `opts.cancel` is checked between the chunks read, so a cancelled request stops
+    /// reading too.
     pub fn generate_with_progress(
         &mut self,
         prompt: &[u32],
@@ -302,7 +303,16 @@ impl Engine {
         }
         // The target's cache holds the committed sequence minus its last token, which is
         // fed at the head of each round.
-        stats.cached_tokens = self.target.start(prompt, reading)?;
+        // A cancelled request stops reading between chunks (the rounds then end at once).
+        let cancelled = || {
+            opts.cancel
+                .as_ref()
+                .is_some_and(|c| c.load(Ordering::Relaxed))
+        };
+        stats.cached_tokens = self.target.start(prompt, &mut |done, total| {
+            reading(done, total);
+            !cancelled()
+        })?;
         stats.prefill_seconds = start.elapsed().as_secs_f64();
 
         let start = Instant::now();
@@ -313,11 +323,7 @@ impl Engine {
             if context.len() >= max_len {
                 break FinishReason::Context;
             }
-            if opts
-                .cancel
-                .as_ref()
-                .is_some_and(|c| c.load(Ordering::Relaxed))
-            {
+            if cancelled() {
                 break FinishReason::Cancelled;
             }
             // Never draft past max_new_tokens or the target's context: the bonus token counts

@@ -69,8 +69,10 @@ pub fn review(
             e.push(emitted_distribution(&p, qi, lenience));
         }
         let (px, qx) = (p.prob(x), qi.prob(x));
-        // u < l p / q, written without the division (q(x) > 0 for a token drawn from q).
-        if rng.random::<f32>() * qx >= lenience * px {
+        // u < l p / q, written without the division (q(x) > 0 for a token drawn from q), and
+        // so that a NaN rejects.
+        let kept = rng.random::<f32>() * qx < lenience * px;
+        if !kept {
             return Verdict {
                 accepted: i,
                 next: residual_sample(&p, qi, rng),

@@ -111,11 +111,12 @@ impl Reviewer {
 
     /// A new sequence begins with `prompt`: the counters start over and the cache is brought
     /// to the prompt (a prefill of what it does not already hold, reported to
-    /// `progress(done, total)` as it goes). Returns the prompt tokens found in the cache.
+    /// `progress(done, total)` as it goes, and stopped where that returns `false`). Returns
+    /// the prompt tokens found in the cache.
     pub fn start(
         &mut self,
         prompt: &[u32],
-        progress: &mut dyn FnMut(usize, usize),
+        progress: &mut dyn FnMut(usize, usize) -> bool,
     ) -> Result<usize> {
         self.reset();
         let cached = self.model.cached(prompt);

@@ -343,6 +343,11 @@ fn errors_are_reported_without_a_panic() {
         bench_error(&[other.to_str().unwrap()]),
         "cascade: other: its target differs from `max-gram`'s; bench compares configs over one target"
     );
+    // Sampling flags replace every config's: top-p alone would be greedy.
+    assert_eq!(
+        bench_error(&["--top-p", "0.9"]),
+        "cascade: --top-k and --top-p take effect with --temperature (without it bench decodes greedily)"
+    );
     // A suite prompt that cannot run stops the bench before its first run.
     let suite = dir.path().join("suite.jsonl");
     std::fs::write(

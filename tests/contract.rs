@@ -1,6 +1,7 @@
 //! Drafters are held to their contract at every review level: a plug-in that proposes an
 //! out-of-vocabulary token, tokens it was not admitted, or a token its reported distribution
-//! could not have drawn (or one that does not fit the vocabulary), is a clear error wherever it sits
+//! could not have drawn (or one that does not fit the vocabulary, does not sum to 1 or lists a
+//! token twice), is a clear error wherever it sits
 //! in the tree (the target's review, a vertical cascade's, a horizontal cascade's part), never
 //! an index out of bounds; an empty context is an error, not a panic; and a drafter that
 //! cannot record a finished output costs a warning, never the output.
@@ -124,6 +125,19 @@ fn a_token_its_reported_distribution_cannot_draw_is_an_error_at_every_level() {
             Dist::Dense(vec![0.5, 0.5]),
             "`broken` reported a distribution at position 0 that does not fit the vocabulary \
              (6 tokens; a dense one needs one probability per token)",
+        ),
+        // Sampling normalizes weights, the review reads them as given.
+        (
+            Dist::Dense(vec![0.0, 1.0, 1.0, 0.0, 0.0, 0.0]),
+            "`broken` reported a distribution at position 0 whose probabilities sum to 2, not 1",
+        ),
+        (
+            Dist::Sparse(vec![(1, 0.5), (3, 0.5), (1, 0.5)]),
+            "`broken` reported a sparse distribution at position 0 that lists token 1 twice",
+        ),
+        (
+            Dist::Sparse(vec![(1, 1.5), (2, -0.5)]),
+            "`broken` reported a distribution at position 0 with a negative or NaN probability",
         ),
     ];
     for (dist, want) in cases {

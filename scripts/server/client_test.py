@@ -79,6 +79,38 @@ for body, param in [('{"messages": [', None),
     code, err = post(body)
     check(f"400 for {body[:60]!r}", code == 400 and err["error"]["param"] == param, str((code, err)))
 
+# Settings sent as null are unset; a temperature too small to divide by is the client's error.
+code, err = post('{"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2, "stream": null}')
+check("stream: null is accepted", code == 200, str((code, err)))
+code, err = post('{"messages": [{"role": "user", "content": "x"}], "temperature": 1e-40}')
+check("400 for a temperature of 1e-40", code == 400 and err["error"]["param"] == "temperature", str((code, err)))
+
+# Unknown endpoints, wrong methods and oversized bodies get OpenAI-style JSON errors too.
+def request(path, method, body=None):
+    req = urllib.request.Request(BASE.rsplit("/v1", 1)[0] + path, data=body, method=method,
+                                 headers={"content-type": "application/json"})
+    try:
+        urllib.request.urlopen(req)
+        return 200, None
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+for path, method, body, status in [("/v1/embeddings", "POST", b"{}", 404),
+                                   ("/v1/chat/completions", "GET", None, 405),
+                                   ("/v1/completions", "POST", b" " * (3 << 20), 413)]:
+    code, err = request(path, method, body)
+    check(f"{status} as JSON for {method} {path}", code == status and err["error"]["message"], str((code, err)))
+
+# A streaming client that leaves while queued costs nothing: its long prompt is never read.
+busy = threading.Thread(target=lambda: chat(PRIME, 96))
+busy.start()
+time.sleep(0.5)
+queued = chat("word " * 3000 + "\nCount the words.", 16, stream=True)
+queued.close()
+busy.join()
+start = time.time()
+check("after a client left the queue the next request is served", chat(HI, 48).choices[0].message.content == REF_HI)
+check("the queued request that lost its client was not read", time.time() - start < 30, f"{time.time() - start:.0f}s")
+
 # A client that leaves mid-stream frees the engine for the next request.
 stream = chat(PRIME, 2000, stream=True)
 next(iter(stream)); next(iter(stream))

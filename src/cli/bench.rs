@@ -49,7 +49,8 @@ pub struct PlanArgs {
     /// The config to plan for (its label in the report is the file stem).
     #[arg(short, long)]
     config: PathBuf,
-    /// Largest K considered.
+    /// Largest K considered (for fixed draft lengths; an adaptive config sizes its drafts
+    /// as it goes, and its plan is where its acceptance estimates start).
     #[arg(long, default_value_t = 16)]
     max_k: usize,
     /// Write the config with the best K here (comments are not kept).
@@ -108,6 +109,10 @@ pub fn bench_command(args: BenchArgs) -> Result<Report> {
                 c.label
             );
         }
+    }
+    // The flags replace every config's sampling; top-k and top-p alone would be greedy.
+    if args.sampling.given() && args.sampling.temperature.is_none() {
+        bail!("--top-k and --top-p take effect with --temperature (without it bench decodes greedily)");
     }
     let sampling = args
         .sampling

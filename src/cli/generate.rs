@@ -100,7 +100,9 @@ pub fn generate(args: GenerateArgs) -> Result<()> {
     let g = &mut raw.generation;
     g.max_new_tokens = args.max_new_tokens.unwrap_or(g.max_new_tokens);
     g.seed = args.seed.unwrap_or(g.seed);
-    g.stop.extend(args.stop.iter().cloned());
+    if !args.stop.is_empty() {
+        g.stop = args.stop.clone();
+    }
     g.chat = (g.chat || args.chat) && !args.no_chat;
     g.system = args.system.clone().or(g.system.take());
     raw.target.k = args.k.unwrap_or(raw.target.k);

@@ -56,12 +56,21 @@ impl Drafter for PredictionDrafter {
         let Some((m, share)) = self.index.best_continuation() else {
             return Ok(draft);
         };
-        if m.len < self.min_match {
+        // The index joins the prediction and the context: nothing that crosses the seam was
+        // ever written, so a match across it is chance, and a copy stops at the prediction's
+        // end (after it comes the prompt's first token, not the prediction's continuation).
+        let p = self.prediction.len();
+        let room = match (m.end - m.len < p, m.end <= p) {
+            (true, true) => p - m.end,
+            (true, false) => 0,
+            (false, _) => usize::MAX,
+        };
+        if m.len < self.min_match || room == 0 {
             return Ok(draft);
         }
         for (i, t) in self
             .index
-            .copy(m, request.remaining())
+            .copy(m, request.remaining().min(room))
             .into_iter()
             .enumerate()
         {
@@ -107,5 +116,18 @@ mod tests {
         assert!(propose(&mut d, &[9, 2, 3, 7], 3).is_empty());
         // A rollback of the context brings the match back.
         assert_eq!(propose(&mut d, &[9, 2, 3], 2).tokens(), &[4, 5]);
+    }
+
+    #[test]
+    fn copies_stop_at_the_seam_between_prediction_and_context() {
+        let mut d = PredictionDrafter::new("p", vec![1, 2, 3, 4], 8);
+        d.start(&[7, 8]).unwrap();
+        // The text reproduced the prediction to its end: what follows in the index is the
+        // prompt, which the prediction never said comes next.
+        assert!(propose(&mut d, &[7, 8, 5, 1, 2, 3, 4], 3).is_empty());
+        // A copy from within the prediction stops at its end.
+        assert_eq!(propose(&mut d, &[7, 8, 5, 1, 2], 4).tokens(), &[3, 4]);
+        // A suffix found only across the seam (4 then 7) drafts nothing.
+        assert!(propose(&mut d, &[7, 8, 4, 7], 3).is_empty());
     }
 }

@@ -72,17 +72,18 @@ impl SyncedModel {
     /// Brings the cache to `context` minus its last token, feeding what is missing
     /// without computing logits (the prompt, or text another drafter produced).
     pub fn prepare(&mut self, context: &[u32]) -> Result<()> {
-        self.prepare_with(context, &mut |_, _| {})
+        self.prepare_with(context, &mut |_, _| true)
     }
 
     /// [`SyncedModel::prepare`], feeding [`PREFILL_CHUNK`] tokens at a time and calling
     /// `progress(done, total)` with the tokens fed so far of those missing (a long prompt
-    /// takes minutes on a slow CPU). Rows are computed independently, so the chunks change
-    /// nothing in the cache.
+    /// takes minutes on a slow CPU); feeding stops where it returns `false` (a cancelled
+    /// request), the cache holding what was fed. Rows are computed independently, so the
+    /// chunks change nothing in the cache.
     pub fn prepare_with(
         &mut self,
         context: &[u32],
-        progress: &mut dyn FnMut(usize, usize),
+        progress: &mut dyn FnMut(usize, usize) -> bool,
     ) -> Result<()> {
         let want = context.len().saturating_sub(1);
         let keep = self.cached(context);
@@ -91,7 +92,9 @@ impl SyncedModel {
         let missing = &context[keep.min(want)..want];
         let mut done = 0;
         for chunk in missing.chunks(PREFILL_CHUNK) {
-            progress(done, missing.len());
+            if !progress(done, missing.len()) {
+                return Ok(());
+            }
             self.model.prefill(chunk)?;
             self.fed.extend_from_slice(chunk);
             done += chunk.len();
@@ -135,6 +138,20 @@ impl SyncedModel {
                 logits.values().len(),
                 logits.vocab(),
                 feed.len(),
+                feed.len()
+            )));
+        }
+        // A NaN (or +inf, whose softmax is NaN) would make every review test false, and the
+        // review would accept whatever was drafted: a broken model is an error, not text.
+        // (-inf is a probability of 0: a trimmed vocabulary's.)
+        if let Some(row) = logits.values().chunks(vocab).position(|row| {
+            row.iter()
+                .fold(false, |bad, &v| bad | v.is_nan() | (v == f32::INFINITY))
+        }) {
+            self.model.truncate(from);
+            return Err(Error::Compute(format!(
+                "`{}` returned a NaN or infinite logit for token {row} of {} fed (a damaged model file, or an overflow in its computation)",
+                self.model.name(),
                 feed.len()
             )));
         }
@@ -197,6 +214,9 @@ mod tests {
 
     /// A model that records what it was fed, and counts its forward passes; with `.2`, its
     /// logits are one row short.
+    /// Fed to [`Echo`], this token's row holds a NaN.
+    const NAN_TOKEN: u32 = 666;
+
     /// A model whose logits are all 0: its fed tokens, its passes, and how many values it
     /// leaves out of its logits (a broken plug-in's).
     struct Echo(Vec<u32>, Arc<AtomicUsize>, usize);
@@ -208,7 +228,11 @@ mod tests {
         fn forward(&mut self, tokens: &[u32]) -> Result<Logits> {
             self.0.extend_from_slice(tokens);
             self.1.fetch_add(1, Ordering::Relaxed);
-            Ok(Logits::new(vec![0.0; tokens.len() * 2 - self.2], 2))
+            let mut values = vec![0.0; tokens.len() * 2 - self.2];
+            if tokens.contains(&NAN_TOKEN) {
+                values[2 * tokens.iter().position(|&t| t == NAN_TOKEN).unwrap()] = f32::NAN;
+            }
+            Ok(Logits::new(values, 2))
         }
         fn len(&self) -> usize {
             self.0.len()
@@ -285,21 +309,27 @@ mod tests {
         let missing = prompt.len() - 1 - 2;
         let before = passes.load(Ordering::Relaxed);
         let mut seen = Vec::new();
-        m.prepare_with(&prompt, &mut |done, total| seen.push((done, total)))
-            .unwrap();
+        let mut report = |done, total| {
+            seen.push((done, total));
+            true
+        };
+        m.prepare_with(&prompt, &mut report).unwrap();
         let steps = [0, PREFILL_CHUNK, 2 * PREFILL_CHUNK, missing];
         assert_eq!(seen, steps.map(|d| (d, missing)));
         assert_eq!(passes.load(Ordering::Relaxed), before + 3);
         assert_eq!(m.fed, prompt[..prompt.len() - 1]);
         // Nothing missing: nothing fed, nothing reported.
         seen.clear();
-        m.prepare_with(&prompt, &mut |done, total| seen.push((done, total)))
-            .unwrap();
+        let mut report = |done, total| {
+            seen.push((done, total));
+            true
+        };
+        m.prepare_with(&prompt, &mut report).unwrap();
         assert!(seen.is_empty());
     }
 
     #[test]
-    fn logits_of_the_wrong_shape_are_an_error_and_feed_nothing() {
+    fn logits_of_the_wrong_shape_or_not_finite_are_an_error_and_feed_nothing() {
         for (missing, values) in [(2, 6), (1, 7)] {
             let short = Echo(Vec::new(), Arc::new(AtomicUsize::new(0)), missing);
             let mut m = SyncedModel::new(Box::new(short));
@@ -313,6 +343,19 @@ mod tests {
             );
             assert_eq!((m.model().len(), m.fed.len()), (0, 0));
         }
+        let (mut m, _) = echo();
+        m.score(&[1, 2], &[]).unwrap();
+        let e = m
+            .score(&[1, 2, 3], &[NAN_TOKEN, 5])
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            e,
+            "model computation failed: `echo` returned a NaN or infinite logit for token 1 of 3 \
+             fed (a damaged model file, or an overflow in its computation)"
+        );
+        // [1, 2] stay: only this pass's tokens are dropped.
+        assert_eq!((m.model().len(), m.fed.len()), (2, 2));
     }
 
     #[test]

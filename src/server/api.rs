@@ -109,8 +109,7 @@ pub struct Prediction {
 
 #[derive(Deserialize)]
 pub struct StreamOptions {
-    #[serde(default)]
-    pub include_usage: bool,
+    pub include_usage: Option<bool>,
 }
 
 /// The fields both endpoints share; unknown fields are ignored, as OpenAI clients send
@@ -125,8 +124,7 @@ pub struct Common {
     pub seed: Option<u64>,
     pub stop: Option<Stop>,
     pub n: Option<usize>,
-    #[serde(default)]
-    pub stream: bool,
+    pub stream: Option<bool>,
     pub stream_options: Option<StreamOptions>,
     pub prediction: Option<Prediction>,
 }
@@ -223,6 +221,12 @@ impl Common {
                     format!("must be between 0 and 2, got {t}"),
                 ));
             }
+            if t > 0.0 && t < f32::MIN_POSITIVE {
+                return Err(ApiError::invalid(
+                    "temperature",
+                    format!("{t:e} is too small to divide by; use 0 for greedy decoding"),
+                ));
+            }
         }
         if let Some(p) = self.top_p {
             if !(p > 0.0 && p <= 1.0) {
@@ -270,11 +274,11 @@ impl Common {
             seed: self.seed,
             stop,
             n,
-            stream: self.stream,
+            stream: self.stream.unwrap_or(false),
             include_usage: self
                 .stream_options
                 .as_ref()
-                .is_some_and(|o| o.include_usage),
+                .is_some_and(|o| o.include_usage == Some(true)),
             prediction,
         })
     }
@@ -458,5 +462,20 @@ mod tests {
         assert_eq!(o.stop, ["END"]);
         assert_eq!(o.sampling.temperature, 0.0);
         assert_eq!(o.max_new_tokens, 7);
+    }
+
+    #[test]
+    fn nulls_mean_unset_and_an_undividable_temperature_is_the_clients_error() {
+        let s = settings(r#"{"stream": null, "stream_options": {"include_usage": null}}"#);
+        assert!(!s.stream && !s.include_usage);
+        let s = settings(r#"{"stream": true, "stream_options": {"include_usage": true}}"#);
+        assert!(s.stream && s.include_usage);
+        let r: Common = serde_json::from_str(r#"{"temperature": 1e-40}"#).unwrap();
+        let e = r.settings().err().unwrap();
+        assert_eq!(e.status, StatusCode::BAD_REQUEST);
+        assert_eq!(
+            e.message,
+            "temperature: 1e-40 is too small to divide by; use 0 for greedy decoding"
+        );
     }
 }

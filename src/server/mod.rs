@@ -15,6 +15,7 @@ use crate::error::Result;
 use crate::tokenizer::Tokenizer;
 use api::{ApiError, Endpoint, Settings};
 use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::sse::{Event as Sse, KeepAlive};
@@ -92,11 +93,24 @@ pub fn serve(
         .route("/v1/models", get(models))
         .route("/health", get(|| async { Json(json!({"status": "ok"})) }))
         .route("/metrics", get(render_metrics))
+        .fallback(|uri: axum::http::Uri| async move {
+            ApiError::new(
+                StatusCode::NOT_FOUND,
+                format!("no endpoint {}: this server answers /v1/chat/completions, /v1/completions, /v1/models, /health and /metrics", uri.path()),
+            )
+        })
+        .method_not_allowed_fallback(|method: axum::http::Method, uri: axum::http::Uri| async move {
+            ApiError::new(
+                StatusCode::METHOD_NOT_ALLOWED,
+                format!("{} does not answer {method}", uri.path()),
+            )
+        })
         .with_state(app);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
         .enable_all()
         .build()?;
+    let aborting = abort.clone();
     runtime.block_on(async move {
         let listener = tokio::net::TcpListener::bind((opts.host.as_str(), opts.port))
             .await
@@ -126,7 +140,10 @@ pub fn serve(
             .with_graceful_shutdown(shutdown)
             .await
     })?;
-    drop(runtime); // closes the queue: the engine thread ends after its job
+    // Every connection is closed: what still runs or waits has no client. Stop it at its next
+    // chunk or round (the signal handlers are gone with the runtime), then close the queue.
+    aborting.store(true, Ordering::Relaxed);
+    drop(runtime);
     let _ = engine_thread.join();
     Ok(())
 }
@@ -156,10 +173,20 @@ async fn render_metrics(State(app): State<Arc<App>>) -> impl IntoResponse {
     )
 }
 
-async fn chat(State(app): State<Arc<App>>, body: Bytes) -> Response {
+/// A request body, or the error its reading met (too large, cut off) as OpenAI-style JSON.
+type Body = std::result::Result<Bytes, BytesRejection>;
+
+fn read(body: Body) -> std::result::Result<Value, ApiError> {
+    match body {
+        Ok(bytes) => api::body(&bytes),
+        Err(e) => Err(ApiError::new(e.status(), e.body_text())),
+    }
+}
+
+async fn chat(State(app): State<Arc<App>>, body: Body) -> Response {
     let arrived = Instant::now();
     let run = || -> std::result::Result<_, ApiError> {
-        let body = api::body(&body)?;
+        let body = read(body)?;
         let req: api::ChatRequest = api::parse(&body)?;
         let settings = api::parse::<api::Common>(&body)?.settings()?;
         if app.tokenizer.chat_template().is_none() {
@@ -183,10 +210,10 @@ async fn chat(State(app): State<Arc<App>>, body: Bytes) -> Response {
     }
 }
 
-async fn completions(State(app): State<Arc<App>>, body: Bytes) -> Response {
+async fn completions(State(app): State<Arc<App>>, body: Body) -> Response {
     let arrived = Instant::now();
     let run = || -> std::result::Result<_, ApiError> {
-        let body = api::body(&body)?;
+        let body = read(body)?;
         let req: api::CompletionRequest = api::parse(&body)?;
         Ok((req.prompt()?, api::parse::<api::Common>(&body)?.settings()?))
     };
@@ -371,7 +398,12 @@ fn stream(
             }
         }
         let mut outs = Vec::new();
-        while let Some(event) = rx.recv().await {
+        // A client that leaves ends this task at once, even before the job starts (dropping
+        // the guard cancels it), not at the next event.
+        while let Some(event) = tokio::select! {
+            event = rx.recv() => event,
+            _ = tx.closed() => None,
+        } {
             let sent = match event {
                 Event::Text { index, text } => {
                     send(head.wrap(true, vec![head.endpoint.delta(index, Some(&text), None)]))

@@ -102,7 +102,13 @@ pub fn run(mut engine: Engine, jobs: Receiver<Job>, metrics: Arc<Metrics>, abort
     let base = engine.drafter.take().map(|d| Arc::new(Mutex::new(d)));
     while let Ok(job) = jobs.recv() {
         metrics.queued.fetch_sub(1, Ordering::Relaxed);
-        if job.events.is_closed() {
+        // A client that left while queued (its handler or stream dropped) costs nothing.
+        let left = job
+            .opts
+            .cancel
+            .as_ref()
+            .is_some_and(|c| c.load(Ordering::Relaxed));
+        if left || job.events.is_closed() {
             metrics.cancelled();
             continue;
         }
@@ -132,10 +138,17 @@ pub fn run(mut engine: Engine, jobs: Receiver<Job>, metrics: Arc<Metrics>, abort
             let events = &job.events;
             // A panic (a bug) fails this request, not the server: the caches, which it may
             // have left half-updated, are emptied and the next request starts afresh.
+            let gone = || events.is_closed() || abort.load(Ordering::Relaxed);
             let out = catch_unwind(AssertUnwindSafe(|| {
+                // Checked between the prompt's chunks too: a long prompt takes a while.
+                let mut reading = |_, _| {
+                    if gone() {
+                        cancel.store(true, Ordering::Relaxed);
+                    }
+                };
                 engine
-                    .generate(&job.prompt, &opts, &mut |piece| {
-                        if events.is_closed() || abort.load(Ordering::Relaxed) {
+                    .generate_with_progress(&job.prompt, &opts, &mut reading, &mut |piece| {
+                        if gone() {
                             cancel.store(true, Ordering::Relaxed);
                         } else if !piece.is_empty() {
                             let _ = events.send(Event::Text {
