@@ -187,14 +187,15 @@ pub const MAX_N: usize = 8;
 
 impl Settings {
     /// The generation options of this request: its settings where it gives them, the config's
-    /// (`defaults`) elsewhere; at most `room` new tokens.
+    /// (`defaults`) elsewhere, but a seed of its own if it gives none (sampled requests
+    /// differ); at most `room` new tokens.
     pub fn options(&self, defaults: &GenerateOptions, room: usize) -> GenerateOptions {
         let mut opts = defaults.clone();
         opts.max_new_tokens = self.max_tokens.unwrap_or(opts.max_new_tokens).min(room);
         opts.sampling.temperature = self.temperature.unwrap_or(opts.sampling.temperature);
         opts.sampling.top_p = self.top_p.unwrap_or(opts.sampling.top_p);
         opts.sampling.top_k = self.top_k.unwrap_or(opts.sampling.top_k);
-        opts.seed = self.seed.unwrap_or(opts.seed);
+        opts.seed = self.seed.unwrap_or_else(rand::random);
         if let Some(stop) = &self.stop {
             opts.stop = stop.clone();
         }
@@ -446,7 +447,7 @@ mod tests {
     }
 
     #[test]
-    fn unset_settings_take_the_configs_values() {
+    fn unset_settings_take_the_configs_values_but_the_seed() {
         let mut defaults = GenerateOptions {
             stop: vec!["\n\n".into()],
             max_new_tokens: 100,
@@ -456,6 +457,9 @@ mod tests {
         let o = settings(r#"{"prompt": "x"}"#).options(&defaults, 50);
         assert_eq!(o.stop, ["\n\n"]);
         assert_eq!(o.sampling.temperature, 0.7);
+        // A seed of its own: two sampled requests differ.
+        let other = settings(r#"{"prompt": "x"}"#).options(&defaults, 50);
+        assert_ne!(o.seed, other.seed);
         assert_eq!(o.max_new_tokens, 50); // the context's room
         let body = r#"{"prompt": "x", "stop": ["END"], "temperature": 0, "max_tokens": 7}"#;
         let o = settings(body).options(&defaults, 50);

@@ -3,7 +3,7 @@
 use crate::engine::Generation;
 use crate::review::ReviewCounts;
 use std::fmt::Write;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Mutex;
 
 /// Server-wide counters, updated by the handlers and the engine thread.
@@ -11,6 +11,8 @@ use std::sync::Mutex;
 pub struct Metrics {
     /// Requests waiting for the engine.
     pub queued: AtomicUsize,
+    /// The engine thread has ended (shutdown, or a failure outside any one request).
+    pub engine_stopped: AtomicBool,
     totals: Mutex<Totals>,
 }
 

@@ -91,7 +91,7 @@ pub fn serve(
         .route("/v1/chat/completions", post(chat))
         .route("/v1/completions", post(completions))
         .route("/v1/models", get(models))
-        .route("/health", get(|| async { Json(json!({"status": "ok"})) }))
+        .route("/health", get(health))
         .route("/metrics", get(render_metrics))
         .fallback(|uri: axum::http::Uri| async move {
             ApiError::new(
@@ -158,6 +158,18 @@ async fn stop_signal() {
     }
     #[cfg(not(unix))]
     let _ = interrupt.await;
+}
+
+/// 200 while the engine thread runs, 503 once it has ended.
+async fn health(State(app): State<Arc<App>>) -> Response {
+    match app.metrics.engine_stopped.load(Ordering::Relaxed) {
+        false => Json(json!({"status": "ok"})).into_response(),
+        true => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            Json(json!({"status": "the engine has stopped"})),
+        )
+            .into_response(),
+    }
 }
 
 async fn models(State(app): State<Arc<App>>) -> Json<Value> {

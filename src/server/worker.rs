@@ -99,6 +99,14 @@ fn panic_message(panic: &(dyn Any + Send)) -> String {
 /// Runs jobs until the channel closes. `abort` cancels whatever runs (shutdown's grace
 /// period is over).
 pub fn run(mut engine: Engine, jobs: Receiver<Job>, metrics: Arc<Metrics>, abort: Arc<AtomicBool>) {
+    // However this thread ends, `/health` says so.
+    struct Stopped(Arc<Metrics>);
+    impl Drop for Stopped {
+        fn drop(&mut self) {
+            self.0.engine_stopped.store(true, Ordering::Relaxed);
+        }
+    }
+    let _stopped = Stopped(metrics.clone());
     let base = engine.drafter.take().map(|d| Arc::new(Mutex::new(d)));
     while let Ok(job) = jobs.recv() {
         metrics.queued.fetch_sub(1, Ordering::Relaxed);
