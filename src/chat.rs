@@ -1,4 +1,6 @@
-//! Chat templates: the model's own Jinja template from its GGUF, rendered with minijinja.
+//! Chat templates: the model's own Jinja template from its GGUF, rendered with minijinja as
+//! Hugging Face renders it (blocks trimmed, Python's string and dict methods, `bos_token` and
+//! `eos_token`).
 
 use crate::error::{Error, Result};
 use crate::tokenizer::Tokenizer;
@@ -28,6 +30,9 @@ pub fn render(tokenizer: &Tokenizer, turns: &[(&str, &str)]) -> Result<String> {
         Error::ChatTemplate("the model has no chat template (tokenizer.chat_template)".into())
     })?;
     let mut env = minijinja::Environment::new();
+    env.set_trim_blocks(true);
+    env.set_lstrip_blocks(true);
+    env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
     env.add_function(
         "raise_exception",
         |msg: String| -> std::result::Result<String, minijinja::Error> {
@@ -49,6 +54,7 @@ pub fn render(tokenizer: &Tokenizer, turns: &[(&str, &str)]) -> Result<String> {
                 messages => messages,
                 add_generation_prompt => true,
                 bos_token => tokenizer.bos_token().unwrap_or(""),
+                eos_token => tokenizer.eos_token().unwrap_or(""),
             })
         })
         .map_err(|e| Error::ChatTemplate(format!("cannot render: {e}")))

@@ -744,7 +744,7 @@ mod tests {
         let s: Source = "neural".into();
         // A drafter costing 20 ms per token (it would pay if it were always right: 30 ms a
         // token with its verification, against 50 ms), never accepted: after a few failures
-        // it is declined, then retried after 2, 4, 8 ... rounds.
+        // it is declined, then retried after 1, 2, 4 ... rounds.
         let mut tried = Vec::new();
         for round in 0..40 {
             let mut gate = Gate::adaptive(a.clone());

@@ -122,7 +122,7 @@ impl<'a> TextStream<'a> {
 
 /// Length of the longest suffix of `text` that is a proper prefix of `stop`.
 fn partial_suffix(text: &str, stop: &str) -> usize {
-    (1..stop.len())
+    (1..stop.len().min(text.len() + 1))
         .rev()
         .find(|&n| stop.is_char_boundary(n) && text.ends_with(&stop[..n]))
         .unwrap_or(0)

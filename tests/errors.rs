@@ -700,6 +700,24 @@ fn inconsistent_gguf_metadata_is_named() {
     );
 }
 
+/// A token id of the tokenizer's metadata outside the vocabulary would never match (an EOS
+/// that never ends a generation): the file is refused.
+#[test]
+fn a_special_token_id_outside_the_vocabulary_is_named() {
+    let (_dir, path) = smollm2_with("tokenizer.ggml.eos_token_id", 49152);
+    let e = LoadedModel::load(&path, None, &mut |_, _| {})
+        .err()
+        .unwrap();
+    assert_eq!(
+        e.to_string(),
+        format!(
+            "tokenizer: cannot load {}: metadata `tokenizer.ggml.eos_token_id` is 49152, outside \
+             the vocabulary (49152 tokens)",
+            path.display()
+        )
+    );
+}
+
 /// The command line prints one line naming the file, exits 1, and shows no backtrace even
 /// with RUST_BACKTRACE set.
 #[test]

@@ -651,3 +651,68 @@ fn costs_measured_while_other_work_has_the_cpu_are_flagged_every_time_they_are_u
     assert_eq!(contended(&mut open(), false), flagged);
     assert_eq!(contended(&mut open(), true), vec![]);
 }
+
+/// Qwen's `<tool_call>` tags are user-defined tokens in the GGUF: text the model writes, which
+/// decoding keeps (as Hugging Face's does), while control tokens such as `<|im_end|>` are left
+/// out; and both end-of-turn and end-of-text tokens end a generation.
+#[test]
+fn user_defined_tokens_are_text_and_control_tokens_are_not() {
+    let t = &real(TARGET).tokenizer;
+    let ids = t.encode_plain("<tool_call>{}</tool_call>").unwrap();
+    assert_eq!((ids[0], *ids.last().unwrap()), (151657, 151658), "{ids:?}");
+    assert_eq!(t.decode(&ids).unwrap(), "<tool_call>{}</tool_call>");
+    let with_control = [&ids[..], &[151645, 151643]].concat();
+    assert_eq!(
+        t.decode(&with_control).unwrap(),
+        "<tool_call>{}</tool_call>"
+    );
+    assert!(t.is_eos(151645) && t.is_eos(151643) && !t.is_eos(151657));
+}
+
+/// A chat template renders as Hugging Face renders it: blocks trimmed (`trim_blocks`,
+/// `lstrip_blocks`), Python's string methods, and the GGUF's `bos_token` and `eos_token`. The
+/// expected text is Jinja2's (3.1) for the same template and messages, with the settings
+/// transformers uses.
+#[test]
+fn a_chat_template_renders_as_jinja2_does_for_hugging_face() {
+    let template = "{{ bos_token }}\n{% for m in messages %}\n    {% if m.role == 'assistant' %}\n\
+                    {{ m.role }}: {{ m.content.split('</think>')[-1].strip() }}{{ eos_token }}\n    \
+                    {% else %}\n{{ m.role }}: {{ m.content }}\n    {% endif %}\n{% endfor %}\n\
+                    {% if add_generation_prompt %}\nassistant:\n{% endif %}";
+    let t = real(SMOLLM2).tokenizer.clone().with_chat_template(template);
+    let turns = [
+        ("user", "Hi"),
+        ("assistant", "<think>greet</think>  Hello!"),
+        ("user", "Bye"),
+    ];
+    assert_eq!(
+        cascade::chat::render(&t, &turns).unwrap(),
+        "<|im_start|>\nuser: Hi\nassistant: Hello!<|im_end|>\nuser: Bye\nassistant:\n"
+    );
+    // The models' own templates, the same way.
+    let turns = [
+        ("user", "Hi"),
+        ("assistant", "Hello!"),
+        ("user", "Write code."),
+    ];
+    for (file, system) in [
+        (
+            TARGET,
+            "You are Qwen, created by Alibaba Cloud. You are a helpful assistant.",
+        ),
+        (
+            SMOLLM2,
+            "You are a helpful AI assistant named SmolLM, trained by Hugging Face",
+        ),
+    ] {
+        assert_eq!(
+            cascade::chat::render(&real(file).tokenizer, &turns).unwrap(),
+            format!(
+                "<|im_start|>system\n{system}<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n\
+                 <|im_start|>assistant\nHello!<|im_end|>\n<|im_start|>user\nWrite code.<|im_end|>\n\
+                 <|im_start|>assistant\n"
+            ),
+            "{file}"
+        );
+    }
+}

@@ -75,7 +75,8 @@ pub struct CalibrateArgs {
     /// Configs whose models to measure.
     #[arg(short, long, num_args = 1.., default_value = "configs/adaptive.toml")]
     configs: Vec<PathBuf>,
-    /// The cost cache (default: $CASCADE_COSTS, else ~/.cache/cascade/costs.json).
+    /// The cost cache (default: $CASCADE_COSTS, else $XDG_CACHE_HOME/cascade/costs.json, else
+    /// ~/.cache/cascade/costs.json).
     #[arg(long)]
     cache: Option<PathBuf>,
 }

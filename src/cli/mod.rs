@@ -1,4 +1,5 @@
-//! The commands of the `cascade` binary, one module each; shared helpers here.
+//! The commands of the `cascade` binary: generate, serve, ngram, and bench (with plan and
+//! calibrate); shared helpers here.
 
 pub mod bench;
 pub mod generate;

@@ -31,7 +31,7 @@ pub enum RopeStyle {
 /// The hyperparameters of a model, checked for range and consistency.
 #[derive(Clone, Debug)]
 pub struct Config {
-    /// The GGUF architecture (`qwen2` or `llama`).
+    /// The GGUF architecture (`qwen2`, `llama` or `gemma3`).
     pub arch: String,
     /// Number of transformer blocks.
     pub layers: usize,

@@ -185,6 +185,9 @@ pub struct Settings {
 /// The most choices one request may ask for.
 pub const MAX_N: usize = 8;
 
+/// The longest stop string a request may give.
+pub const MAX_STOP_BYTES: usize = 1024;
+
 impl Settings {
     /// The generation options of this request: its settings where it gives them, the config's
     /// (`defaults`) elsewhere, but a seed of its own if it gives none (sampled requests
@@ -255,6 +258,13 @@ impl Common {
             }
             if stop.iter().any(String::is_empty) {
                 return Err(ApiError::invalid("stop", "a stop string is empty"));
+            }
+            // Each token's text is checked against every prefix of every stop string.
+            if stop.iter().any(|s| s.len() > MAX_STOP_BYTES) {
+                return Err(ApiError::invalid(
+                    "stop",
+                    format!("a stop string is longer than {MAX_STOP_BYTES} bytes"),
+                ));
             }
         }
         let prediction = match &self.prediction {
@@ -474,6 +484,10 @@ mod tests {
         assert!(!s.stream && !s.include_usage);
         let s = settings(r#"{"stream": true, "stream_options": {"include_usage": true}}"#);
         assert!(s.stream && s.include_usage);
+        let long = format!(r#"{{"stop": "{}"}}"#, "x".repeat(1025));
+        let r: Common = serde_json::from_str(&long).unwrap();
+        let e = r.settings().err().unwrap();
+        assert_eq!(e.message, "stop: a stop string is longer than 1024 bytes");
         let r: Common = serde_json::from_str(r#"{"temperature": 1e-40}"#).unwrap();
         let e = r.settings().err().unwrap();
         assert_eq!(e.status, StatusCode::BAD_REQUEST);

@@ -9,7 +9,21 @@ use std::hash::Hasher;
 use std::path::Path;
 
 /// Token names that end a turn or a document in the model families we load.
-const END_TOKENS: [&str; 4] = ["<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<end_of_turn>"];
+const END_TOKENS: [&str; 6] = [
+    "<|im_end|>",
+    "<|endoftext|>",
+    "<|eot_id|>",
+    "<|eom_id|>",
+    "<|end_of_text|>",
+    "<end_of_turn>",
+];
+
+/// GGUF keys of tokens that end generation: the end of the sequence, of a turn, of a message.
+const END_KEYS: [&str; 3] = [
+    "tokenizer.ggml.eos_token_id",
+    "tokenizer.ggml.eot_token_id",
+    "tokenizer.ggml.eom_token_id",
+];
 
 /// A tokenizer with the model-level facts generation needs: end-of-sequence ids,
 /// the chat template, and a fingerprint of the vocabulary for compatibility checks.
@@ -20,6 +34,9 @@ pub struct Tokenizer {
     chat_template: Option<String>,
     bos_token: Option<String>,
     bos_id: Option<u32>,
+    eos_token: Option<String>,
+    /// Ids decoding leaves out (sorted): control tokens, not user-defined ones.
+    hidden: Vec<u32>,
     fingerprint: u64,
 }
 
@@ -40,25 +57,44 @@ impl Tokenizer {
                 ))
             })?,
         };
-        let token_id = |key: &str| gguf.usize(key).ok().map(|v| v as u32);
-        let mut eos: Vec<u32> = token_id("tokenizer.ggml.eos_token_id")
-            .into_iter()
-            .collect();
+        let vocab = inner.get_vocab_size(true);
+        // A token id of the metadata, if the key is there; one outside the vocabulary fails.
+        let token_id = |key: &str| -> Result<Option<u32>> {
+            if gguf.get(key).is_none() {
+                return Ok(None);
+            }
+            match gguf.usize(key)? {
+                id if id < vocab => Ok(Some(id as u32)),
+                id => Err(Error::Tokenizer(format!(
+                    "cannot load {}: metadata `{key}` is {id}, outside the vocabulary ({vocab} tokens)",
+                    gguf.path.display()
+                ))),
+            }
+        };
+        let eos_token = token_id(END_KEYS[0])?.and_then(|id| inner.id_to_token(id));
+        let mut eos = Vec::new();
+        for key in END_KEYS {
+            eos.extend(token_id(key)?);
+        }
         eos.extend(END_TOKENS.iter().filter_map(|t| inner.token_to_id(t)));
         eos.sort_unstable();
         eos.dedup();
-        let bos_id = token_id("tokenizer.ggml.bos_token_id");
+        let bos_id = token_id("tokenizer.ggml.bos_token_id")?;
         let bos_token = bos_id.and_then(|id| inner.id_to_token(id));
         let chat_template = gguf.string("tokenizer.chat_template").ok();
-        let fingerprint = fingerprint(&inner);
-        Ok(Self {
-            inner,
-            eos,
-            chat_template,
-            bos_token,
-            bos_id,
-            fingerprint,
-        })
+        // candle registers every non-normal GGUF token as special; user-defined ones (Qwen's
+        // `<tool_call>`) are text the model writes, which Hugging Face's decoding keeps.
+        let shown = match tokenizer_json {
+            Some(_) => Vec::new(),
+            None => user_defined(gguf),
+        };
+        let mut t = Self::from_parts(inner, eos);
+        t.hidden.retain(|id| shown.binary_search(id).is_err());
+        t.chat_template = chat_template;
+        t.bos_token = bos_token;
+        t.bos_id = bos_id;
+        t.eos_token = eos_token;
+        Ok(t)
     }
 
     /// The tokenizer in `path`: a `tokenizer.json`, or a GGUF model's embedded one.
@@ -76,12 +112,21 @@ impl Tokenizer {
     /// `eos` lists the end-of-sequence ids.
     pub fn from_parts(inner: tokenizers::Tokenizer, eos: Vec<u32>) -> Self {
         let fingerprint = fingerprint(&inner);
+        let mut hidden: Vec<u32> = inner
+            .get_added_tokens_decoder()
+            .iter()
+            .filter(|(_, t)| t.special)
+            .map(|(&id, _)| id)
+            .collect();
+        hidden.sort_unstable();
         Self {
             inner,
             eos,
             chat_template: None,
             bos_token: None,
             bos_id: None,
+            eos_token: None,
+            hidden,
             fingerprint,
         }
     }
@@ -110,10 +155,15 @@ impl Tokenizer {
         Ok(enc.get_ids().to_vec())
     }
 
-    /// Decodes `ids`, special tokens omitted.
+    /// Decodes `ids`, special tokens omitted (control tokens; user-defined ones are text).
     pub fn decode(&self, ids: &[u32]) -> Result<String> {
+        let shown: Vec<u32> = ids
+            .iter()
+            .copied()
+            .filter(|id| self.hidden.binary_search(id).is_err())
+            .collect();
         self.inner
-            .decode(ids, true)
+            .decode(&shown, false)
             .map_err(|e| Error::Tokenizer(format!("decoding failed: {e}")))
     }
 
@@ -132,9 +182,21 @@ impl Tokenizer {
         self.chat_template.as_deref()
     }
 
+    /// The same tokenizer with another chat template (Jinja, as in Hugging Face's
+    /// `tokenizer_config.json`).
+    pub fn with_chat_template(mut self, template: impl Into<String>) -> Self {
+        self.chat_template = Some(template.into());
+        self
+    }
+
     /// The beginning-of-sequence token's text, if any.
     pub fn bos_token(&self) -> Option<&str> {
         self.bos_token.as_deref()
+    }
+
+    /// The end-of-sequence token's text (the GGUF's `eos_token_id`), if any.
+    pub fn eos_token(&self) -> Option<&str> {
+        self.eos_token.as_deref()
     }
 
     /// Number of tokens, special ones included.
@@ -145,6 +207,18 @@ impl Tokenizer {
     /// A hash of every (id, token) pair: equal fingerprints mean the same ids mean the same text.
     pub fn fingerprint(&self) -> u64 {
         self.fingerprint
+    }
+}
+
+/// The ids a GGUF marks user-defined (sorted).
+fn user_defined(gguf: &GgufFile<'_>) -> Vec<u32> {
+    match gguf.get("tokenizer.ggml.token_type") {
+        Some(candle_core::quantized::gguf_file::Value::Array(types)) => (0u32..)
+            .zip(types)
+            .filter(|(_, t)| sentencepiece::integer(t) == Some(sentencepiece::USER_DEFINED))
+            .map(|(id, _)| id)
+            .collect(),
+        _ => Vec::new(),
     }
 }
 

@@ -30,7 +30,7 @@ const SPACE: &str = "\u{2581}";
 
 /// GGUF token types (llama.cpp's `llama_token_type`).
 const CONTROL: i64 = 3;
-const USER_DEFINED: i64 = 4;
+pub(super) const USER_DEFINED: i64 = 4;
 
 /// The tokenizer of `gguf`, whose `tokenizer.ggml.model` is `llama` (SentencePiece).
 pub fn from_gguf(gguf: &GgufFile<'_>) -> Result<tokenizers::Tokenizer> {
@@ -80,6 +80,16 @@ pub fn from_gguf(gguf: &GgufFile<'_>) -> Result<tokenizers::Tokenizer> {
         .map(|(i, t)| (t.clone(), i as u32))
         .collect();
     let unk = token_name(gguf, &tokens, "tokenizer.ggml.unknown_token_id")?;
+    // Text the merges cannot spell falls back to byte tokens, or to the unknown token; with
+    // neither, it would be dropped from the prompt without a word.
+    let bytes = (0..=255u8).all(|b| vocab.contains_key(&format!("<0x{b:02X}>")));
+    if !bytes && unk.is_none() {
+        return Err(fail(
+            gguf,
+            "the vocabulary has neither the 256 byte tokens <0x00>..<0xFF> nor an unknown token"
+                .into(),
+        ));
+    }
     let mut builder = BPE::builder()
         .vocab_and_merges(vocab.clone(), merges(&tokens, &vocab))
         .byte_fallback(true)
@@ -136,13 +146,18 @@ pub fn from_gguf(gguf: &GgufFile<'_>) -> Result<tokenizers::Tokenizer> {
     Ok(t)
 }
 
+/// Longest token (in bytes) built by merges: a split costs a hash of the token, so a file with
+/// huge tokens would take hours to load; real vocabularies stay far below (Gemma 3: 93 bytes,
+/// a run of 31 spaces respelled).
+const MAX_MERGED: usize = 1024;
+
 /// Every split of every token into two tokens, in the order SentencePiece merges them: by
 /// the token's position in the vocabulary, then the longer left piece first.
 fn merges(tokens: &[String], vocab: &Vocab) -> Vec<(String, String)> {
     let mut merges: Vec<(usize, Reverse<usize>, &str, &str)> = Vec::new();
     for (rank, token) in tokens.iter().enumerate() {
-        if vocab.get(token) != Some(&(rank as u32)) {
-            continue; // a duplicate
+        if vocab.get(token) != Some(&(rank as u32)) || token.len() > MAX_MERGED {
+            continue; // a duplicate, or too long to build
         }
         let chars: Vec<usize> = token.char_indices().map(|(i, _)| i).skip(1).collect();
         for (split, &at) in chars.iter().enumerate() {
@@ -170,7 +185,7 @@ fn array<'a>(gguf: &'a GgufFile<'_>, key: &str) -> Result<&'a [Value]> {
     }
 }
 
-fn integer(v: &Value) -> Option<i64> {
+pub(super) fn integer(v: &Value) -> Option<i64> {
     match *v {
         Value::I32(x) => Some(x as i64),
         Value::U32(x) => Some(x as i64),
@@ -179,6 +194,7 @@ fn integer(v: &Value) -> Option<i64> {
         Value::I16(x) => Some(x as i64),
         Value::U16(x) => Some(x as i64),
         Value::I64(x) => Some(x),
+        Value::U64(x) => i64::try_from(x).ok(),
         _ => None,
     }
 }
