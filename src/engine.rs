@@ -232,7 +232,8 @@ impl Engine {
         self
     }
 
-    /// The target's forward cost when drafts are sized adaptively.
+    /// With drafts sized adaptively: the target's forward cost and what it learned, for the
+    /// kind of sampling (greedy or not) of the last round.
     pub fn adaptive(&self) -> Option<&crate::gate::Adaptive> {
         self.target.adaptive()
     }

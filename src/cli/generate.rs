@@ -47,7 +47,8 @@ pub struct GenerateArgs {
     /// System message for the chat template.
     #[arg(long)]
     system: Option<String>,
-    /// Stop when this text appears (repeatable); the output ends before it.
+    /// Stop when this text appears (repeatable; replaces the config's stop strings); the
+    /// output ends before it.
     #[arg(long)]
     stop: Vec<String>,
     /// Keep generating past end-of-sequence tokens (for long-run measurements).

@@ -141,16 +141,21 @@ impl SyncedModel {
                 feed.len()
             )));
         }
-        // A NaN (or +inf, whose softmax is NaN) would make every review test false, and the
-        // review would accept whatever was drafted: a broken model is an error, not text.
-        // (-inf is a probability of 0: a trimmed vocabulary's.)
+        // A NaN (or +inf, whose softmax is NaN, or a row of -inf only, which has none) would
+        // make every review test false, and the review would accept whatever was drafted: a
+        // broken model is an error, not text. (-inf is a probability of 0: a trimmed
+        // vocabulary's.)
         if let Some(row) = logits.values().chunks(vocab).position(|row| {
-            row.iter()
-                .fold(false, |bad, &v| bad | v.is_nan() | (v == f32::INFINITY))
+            let (bad, top) = row
+                .iter()
+                .fold((false, f32::NEG_INFINITY), |(bad, top), &v| {
+                    (bad | v.is_nan() | (v == f32::INFINITY), top.max(v))
+                });
+            bad || top == f32::NEG_INFINITY
         }) {
             self.model.truncate(from);
             return Err(Error::Compute(format!(
-                "`{}` returned a NaN or infinite logit for token {row} of {} fed (a damaged model file, or an overflow in its computation)",
+                "`{}` returned a NaN or infinite logit, or no finite one, for token {row} of {} fed (a damaged model file, or an overflow in its computation)",
                 self.model.name(),
                 feed.len()
             )));
@@ -216,6 +221,8 @@ mod tests {
     /// logits are one row short.
     /// Fed to [`Echo`], this token's row holds a NaN.
     const NAN_TOKEN: u32 = 666;
+    /// Fed to [`Echo`], this token's row is -inf only: no token has any probability.
+    const MASKED_TOKEN: u32 = 667;
 
     /// A model whose logits are all 0: its fed tokens, its passes, and how many values it
     /// leaves out of its logits (a broken plug-in's).
@@ -229,8 +236,12 @@ mod tests {
             self.0.extend_from_slice(tokens);
             self.1.fetch_add(1, Ordering::Relaxed);
             let mut values = vec![0.0; tokens.len() * 2 - self.2];
-            if tokens.contains(&NAN_TOKEN) {
-                values[2 * tokens.iter().position(|&t| t == NAN_TOKEN).unwrap()] = f32::NAN;
+            for (i, &t) in tokens.iter().enumerate() {
+                match t {
+                    NAN_TOKEN => values[2 * i] = f32::NAN,
+                    MASKED_TOKEN => values[2 * i..2 * i + 2].fill(f32::NEG_INFINITY),
+                    _ => {}
+                }
             }
             Ok(Logits::new(values, 2))
         }
@@ -351,10 +362,16 @@ mod tests {
             .to_string();
         assert_eq!(
             e,
-            "model computation failed: `echo` returned a NaN or infinite logit for token 1 of 3 \
-             fed (a damaged model file, or an overflow in its computation)"
+            "model computation failed: `echo` returned a NaN or infinite logit, or no finite one, \
+             for token 1 of 3 fed (a damaged model file, or an overflow in its computation)"
         );
         // [1, 2] stay: only this pass's tokens are dropped.
+        assert_eq!((m.model().len(), m.fed.len()), (2, 2));
+        let e = m
+            .score(&[1, 2, 3], &[4, MASKED_TOKEN])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("no finite one, for token 2 of 3 fed"), "{e}");
         assert_eq!((m.model().len(), m.fed.len()), (2, 2));
     }
 

@@ -90,6 +90,21 @@ pub fn from_gguf(gguf: &GgufFile<'_>) -> Result<tokenizers::Tokenizer> {
                 .into(),
         ));
     }
+    // Each split of a token hashes its two pieces: a vocabulary of many long tokens would take
+    // hours to load.
+    let hashed: usize = tokens
+        .iter()
+        .map(|t| t.len().min(MAX_MERGED + 1).pow(2))
+        .sum();
+    if hashed > MERGE_BUDGET {
+        return Err(fail(
+            gguf,
+            format!(
+                "its {} tokens are too long to rebuild the merges from",
+                tokens.len()
+            ),
+        ));
+    }
     let mut builder = BPE::builder()
         .vocab_and_merges(vocab.clone(), merges(&tokens, &vocab))
         .byte_fallback(true)
@@ -150,6 +165,9 @@ pub fn from_gguf(gguf: &GgufFile<'_>) -> Result<tokenizers::Tokenizer> {
 /// huge tokens would take hours to load; real vocabularies stay far below (Gemma 3: 93 bytes,
 /// a run of 31 spaces respelled).
 const MAX_MERGED: usize = 1024;
+
+/// Most bytes hashed while rebuilding the merges (about a second; Gemma 3 needs 1/40 of it).
+const MERGE_BUDGET: usize = 1 << 30;
 
 /// Every split of every token into two tokens, in the order SentencePiece merges them: by
 /// the token's position in the vocabulary, then the longer left piece first.
