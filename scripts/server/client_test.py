@@ -63,15 +63,19 @@ threads = [threading.Thread(target=burst) for _ in range(8)]
 [t.join() for t in threads]
 check("a full queue answers 429", 429 in codes and 200 in codes, str(codes))
 
-# Malformed requests get 400 with a JSON error naming the field.
-def post(body):
-    req = urllib.request.Request(BASE + "/chat/completions", data=body.encode(),
+# Any request's status and JSON error (None when it succeeded).
+def request(path, method, body=None):
+    req = urllib.request.Request(BASE.rsplit("/v1", 1)[0] + path, data=body, method=method,
                                  headers={"content-type": "application/json"})
     try:
         urllib.request.urlopen(req)
         return 200, None
     except urllib.error.HTTPError as e:
         return e.code, json.loads(e.read())
+
+# Malformed requests get 400 with a JSON error naming the field.
+def post(body):
+    return request("/v1/chat/completions", "POST", body.encode())
 for body, param in [('{"messages": [', None),
                     ('{"messages": [{"role": "user", "content": "x"}], "temperature": "hot"}', "temperature"),
                     ('{"messages": [{"role": "user", "content": "x"}], "top_p": 0}', "top_p"),
@@ -86,14 +90,6 @@ code, err = post('{"messages": [{"role": "user", "content": "x"}], "temperature"
 check("400 for a temperature of 1e-40", code == 400 and err["error"]["param"] == "temperature", str((code, err)))
 
 # Unknown endpoints, wrong methods and oversized bodies get OpenAI-style JSON errors too.
-def request(path, method, body=None):
-    req = urllib.request.Request(BASE.rsplit("/v1", 1)[0] + path, data=body, method=method,
-                                 headers={"content-type": "application/json"})
-    try:
-        urllib.request.urlopen(req)
-        return 200, None
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read())
 for path, method, body, status in [("/v1/embeddings", "POST", b"{}", 404),
                                    ("/v1/chat/completions", "GET", None, 405),
                                    ("/v1/completions", "POST", b" " * ((2 << 20) + 1), 413)]:
