@@ -267,6 +267,39 @@ fn an_unsupported_quantization_is_named() {
     );
 }
 
+/// A tensor whose data size overflows 64 bits is refused, even when the size wraps around to
+/// a few bytes that the file holds (it would be read as billions of blocks).
+#[test]
+fn a_tensor_size_that_wraps_around_is_refused() {
+    let mut src = std::fs::read(models_dir().join(SMOLLM2)).unwrap();
+    // Q8_0 [576, 49152]: 576 / 32 blocks of 34 bytes per row, 612 bytes.
+    let name = b"token_embd.weight";
+    let at = src.windows(name.len()).position(|w| w == name).unwrap() + name.len();
+    let dims = at + 4;
+    assert_eq!(
+        src[dims..dims + 16],
+        [576u64.to_le_bytes(), 49152u64.to_le_bytes()].concat()
+    );
+    // 612 x rows wraps to less than 612 bytes; 576 x rows elements still fit in 64 bits.
+    let rows = (u64::MAX / 612) + 1;
+    assert!(rows.checked_mul(576).is_some() && rows.wrapping_mul(612) < 612);
+    src[dims + 8..dims + 16].copy_from_slice(&rows.to_le_bytes());
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("wraps.gguf");
+    std::fs::write(&path, &src).unwrap();
+    let e = LoadedModel::load(&path, None, &mut |_, _| {})
+        .err()
+        .unwrap()
+        .to_string();
+    assert_eq!(
+        e,
+        format!(
+            "cannot read GGUF file {}: tensor `token_embd.weight` has dimensions [576, {rows}]: zero or too many elements",
+            path.display()
+        )
+    );
+}
+
 /// The bench refuses configs over different targets by comparing their paths, and models are
 /// loaded once per path: one file named two ways must give one path.
 #[test]

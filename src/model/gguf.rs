@@ -21,6 +21,10 @@ const MAGIC: u32 = 0x4655_4747; // "GGUF" read as a little-endian u32
 const MAX_DIMS: u32 = 4; // GGML_MAX_DIMS
 const MAX_DEPTH: usize = 8; // nested arrays; real files use at most 1
 const DEFAULT_ALIGNMENT: u64 = 32;
+/// The most items reserved ahead of parsing them. A count is bounded by the bytes left in the
+/// file, but an item in memory can be 32 times its size on disk (a `Value` per u8 of an
+/// array): reserving for a corrupt count would ask for far more memory than the file backs.
+const PREALLOCATED: usize = 1 << 16;
 
 /// Anything a GGUF file can be read from: a file, or bytes in memory.
 pub trait Source: Read + Seek + Send {}
@@ -263,7 +267,7 @@ impl<R: Read> HeaderReader<'_, R> {
                     malformed(format!("metadata `{key}`: unknown array item type {item}"))
                 })?;
                 let n = self.count(&format!("length of metadata `{key}`"), min)?;
-                let mut items = Vec::with_capacity(n);
+                let mut items = Vec::with_capacity(n.min(PREALLOCATED));
                 for _ in 0..n {
                     items.push(self.value(key, item, depth + 1)?);
                 }
@@ -362,7 +366,7 @@ fn read_header<R: Read>(r: &mut HeaderReader<'_, R>) -> Result<(Content, Layout)
     let kv_count = r.count("metadata count", 13)?;
     let header_end = r.pos;
 
-    let mut metadata = HashMap::with_capacity(kv_count);
+    let mut metadata = HashMap::with_capacity(kv_count.min(PREALLOCATED));
     for _ in 0..kv_count {
         let key = r.string("metadata key")?;
         let kind = r.u32()?;
@@ -373,7 +377,7 @@ fn read_header<R: Read>(r: &mut HeaderReader<'_, R>) -> Result<(Content, Layout)
     }
     let metadata_end = r.pos;
 
-    let mut tensor_infos = HashMap::with_capacity(tensor_count);
+    let mut tensor_infos = HashMap::with_capacity(tensor_count.min(PREALLOCATED));
     for _ in 0..tensor_count {
         let name = r.string("tensor name")?;
         let n_dims = r.u32()?;
@@ -397,15 +401,16 @@ fn read_header<R: Read>(r: &mut HeaderReader<'_, R>) -> Result<(Content, Layout)
                 None => format!("tensor `{name}` has unknown type id {type_id}"),
             })
         })?;
+        let too_many = || {
+            malformed(format!(
+                "tensor `{name}` has dimensions {dims:?}: zero or too many elements"
+            ))
+        };
         let elems = dims
             .iter()
             .try_fold(1u64, |acc, &d| acc.checked_mul(d))
             .filter(|&n| n > 0)
-            .ok_or_else(|| {
-                malformed(format!(
-                    "tensor `{name}` has dimensions {dims:?}: zero or too many elements"
-                ))
-            })?;
+            .ok_or_else(too_many)?;
         let block = ggml_dtype.block_size() as u64;
         if dims[0] % block != 0 {
             return Err(malformed(format!(
@@ -413,7 +418,10 @@ fn read_header<R: Read>(r: &mut HeaderReader<'_, R>) -> Result<(Content, Layout)
                 dims[0]
             )));
         }
-        let bytes = elems / block * ggml_dtype.type_size() as u64;
+        // Checked too: a size that wrapped around would pass the bounds check below.
+        let bytes = (elems / block)
+            .checked_mul(ggml_dtype.type_size() as u64)
+            .ok_or_else(too_many)?;
         let shape: Vec<usize> = dims.iter().rev().map(|&d| d as usize).collect();
         let info = TensorInfo {
             ggml_dtype,

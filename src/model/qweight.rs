@@ -246,7 +246,10 @@ fn read_into<'s, T: GgmlType, R: Read>(
     scratch: &'s mut Vec<u64>,
 ) -> Result<&'s [T]> {
     const { assert!(std::mem::align_of::<T>() <= std::mem::align_of::<u64>()) };
-    let words = (n * std::mem::size_of::<T>()).div_ceil(std::mem::size_of::<u64>());
+    let words = n
+        .checked_mul(std::mem::size_of::<T>())
+        .expect("the header check bounds a tensor's size by the file's")
+        .div_ceil(std::mem::size_of::<u64>());
     if scratch.len() < words {
         scratch.resize(words, 0);
     }

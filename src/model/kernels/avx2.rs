@@ -54,7 +54,11 @@ pub(super) unsafe fn matmul<B, H>(
     const { assert!(B::PER32 == H::PER32 && B::OFFSET == H::OFFSET) };
     let kb = k.div_ceil(QK);
     let full = kb - usize::from(!tails.is_empty());
-    assert!(w.len() >= n * full && (tails.is_empty() || tails.len() >= n) && lhs.len() == m * k);
+    assert!(
+        n.checked_mul(full).is_some_and(|b| w.len() >= b)
+            && (tails.is_empty() || tails.len() >= n)
+            && Some(lhs.len()) == m.checked_mul(k)
+    );
     let acts = ActBlock::quantize::<B>(lhs, m, k);
     let slab = slab(m, kb);
     let w = Weights { w, tails, full };
@@ -118,6 +122,20 @@ pub(super) struct ActBlock {
 }
 
 impl ActBlock {
+    /// The block of activations that hold a NaN or an infinity: NaN scales, so that every
+    /// product with it is NaN, as it is in the other families and in plain arithmetic (a
+    /// model gone wrong must not give finite logits; `max` and the integer conversion would
+    /// turn a NaN into a plain number).
+    fn non_finite() -> ActBlock {
+        ActBlock {
+            qs: [0; QK],
+            offsets: [[0; 16]; 2],
+            sums32: [f32::NAN; 8],
+            d32: [f32::NAN; 8],
+            d: f32::NAN,
+        }
+    }
+
     /// Quantizes `m` rows of `k` values, block by block (a row's last block padded with zeros,
     /// as the weights are), for weights of format `B`: one scale per 32 values if
     /// [`Block::PER32`], else one per block.
@@ -143,17 +161,22 @@ impl ActBlock {
     unsafe fn quantize_block(x: &[f32; QK], per32: bool, offset: i16) -> ActBlock {
         let p = x.as_ptr();
         let sign = _mm256_set1_ps(-0.0);
+        let mut nan = _mm256_setzero_ps();
         // The largest magnitude of each 32 values (max is exact, so the block's is theirs).
         let amax32: [f32; 8] = std::array::from_fn(|l| {
             let mut m = _mm256_setzero_ps();
             for i in 0..4 {
                 let v = _mm256_loadu_ps(p.add(32 * l + 8 * i));
                 m = _mm256_max_ps(m, _mm256_andnot_ps(sign, v));
+                nan = _mm256_or_ps(nan, _mm256_cmp_ps::<_CMP_UNORD_Q>(v, v));
             }
             let lanes: [f32; 8] = std::mem::transmute(m);
             lanes.into_iter().fold(0f32, f32::max)
         });
         let amax = amax32.into_iter().fold(0f32, f32::max);
+        if _mm256_movemask_ps(nan) != 0 || amax.is_infinite() {
+            return ActBlock::non_finite();
+        }
         let amax32 = if per32 { amax32 } else { [amax; 8] };
         let d32 = amax32.map(|a| a / 127.0);
         let mut block = ActBlock {

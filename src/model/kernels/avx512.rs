@@ -29,7 +29,7 @@ pub(super) unsafe fn matmul<B: Unpack + Sync>(
     dst: &mut [f32],
 ) {
     let kb = k.div_ceil(QK);
-    assert!(w.len() >= n * kb && lhs.len() == m * k);
+    assert!(n.checked_mul(kb).is_some_and(|b| w.len() >= b) && Some(lhs.len()) == m.checked_mul(k));
     let acts = ActBlock::quantize(lhs, m, k);
     for_each_output(m, n, dst, |js, r0, rows, out| {
         // SAFETY: the caller guarantees the CPU features; `js` is within the `n` rows of `w`
@@ -73,10 +73,22 @@ impl ActBlock {
     unsafe fn quantize_block(x: &[f32; QK]) -> ActBlock {
         let p = x.as_ptr();
         let mut amax = _mm512_setzero_ps();
+        let mut nan: __mmask16 = 0;
         for g in 0..16 {
-            amax = _mm512_max_ps(amax, _mm512_abs_ps(_mm512_loadu_ps(p.add(16 * g))));
+            let v = _mm512_loadu_ps(p.add(16 * g));
+            amax = _mm512_max_ps(amax, _mm512_abs_ps(v));
+            nan |= _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(v, v);
         }
         let amax = _mm512_reduce_max_ps(amax);
+        if nan != 0 || amax.is_infinite() {
+            // NaN scales, so that every product is NaN, as in plain arithmetic (`max` and the
+            // integer conversion would turn a NaN into a plain number).
+            return ActBlock {
+                qs: [0; QK],
+                sums: [f32::NAN; 16],
+                d: f32::NAN,
+            };
+        }
         let mut block = ActBlock {
             qs: [0; QK],
             sums: [0.0; 16],
@@ -141,8 +153,13 @@ impl Unpack for PackedQ4K<WIDE> {
     #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2")]
     unsafe fn unpack(&self) -> ([__m512i; 4], __m512, __m512) {
         let w = nibbles(&self.qs);
-        // Scales then mins, one per 32 values: lane l takes entry l / 2.
-        let sm = _mm512_cvtepu8_epi32(_mm_loadu_si128(self.scales.as_ptr() as *const _));
+        // Scales then mins (adjacent fields), one per 32 values: lane l takes entry l / 2. The
+        // 16 bytes are read through a pointer to the whole block, which spans both fields.
+        let at = std::mem::offset_of!(Self, scales);
+        const { assert!(std::mem::offset_of!(Self, mins) == std::mem::offset_of!(Self, scales) + 8) };
+        let sm = _mm512_cvtepu8_epi32(_mm_loadu_si128(
+            (self as *const Self as *const u8).add(at) as *const _
+        ));
         let pair = |first: i32| {
             let idx = _mm512_add_epi32(halves(), _mm512_set1_epi32(first));
             _mm512_cvtepi32_ps(_mm512_permutexvar_epi32(idx, sm))

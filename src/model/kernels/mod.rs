@@ -289,7 +289,7 @@ fn for_each_output(
     f: impl Fn(Range<usize>, usize, usize, &mut Tile) + Sync,
 ) {
     assert!(
-        dst.len() >= m * n,
+        m.checked_mul(n).is_some_and(|len| dst.len() >= len),
         "output holds {} values, not {m} x {n}",
         dst.len()
     );

@@ -436,3 +436,48 @@ fn kernel_timing() {
         println!("{line}");
     }
 }
+
+/// An activation row holding a NaN or an infinity gives non-finite outputs, as plain
+/// arithmetic does (a model gone wrong is then caught by the NaN check on the logits), for
+/// every format and family, whether the bad value is alone or fills the row; the other rows
+/// are untouched.
+#[test]
+fn a_non_finite_activation_gives_non_finite_outputs() {
+    fn case<T: GgmlType>(pack: Pack<T>, k: usize) {
+        let n = 9;
+        let w: Vec<T> = blocks(n * k / T::BLCK_SIZE, 3);
+        let clean = random(3 * k, 4);
+        for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
+            for whole_row in [false, true] {
+                let mut lhs = clean.clone();
+                match whole_row {
+                    true => lhs[k..2 * k].fill(bad),
+                    false => lhs[k + 37] = bad,
+                }
+                for kernels in families() {
+                    let what = format!("{kernels} {:?} {bad} (whole row: {whole_row})", T::DTYPE);
+                    let packed = Packed::new(pack(&w), k, kernels);
+                    let (mut got, mut want) = (vec![0f32; 3 * n], vec![0f32; 3 * n]);
+                    packed.matmul((3, k, n), &lhs, &mut got);
+                    packed.matmul((3, k, n), &clean, &mut want);
+                    assert!(
+                        got[n..2 * n].iter().all(|v| !v.is_finite()),
+                        "{what}: {got:?}"
+                    );
+                    assert!(
+                        got[..n] == want[..n] && got[2 * n..] == want[2 * n..],
+                        "{what}"
+                    );
+                }
+            }
+        }
+    }
+    case(Q4K, 512);
+    case(Q6K, 512);
+    for k in [352, 512] {
+        case(Q5_0, k);
+        case(Q8_0, k);
+        case(Q4_0, k);
+        case(Q4_1, k);
+    }
+}
