@@ -75,6 +75,8 @@ pub struct Request<'a> {
     /// The most tokens this request may admit, and how many it has.
     cap: usize,
     used: usize,
+    /// Whether the gate declined a token (rather than the cap ending the draft).
+    declined: bool,
     /// The reviewer's vocabulary size: token ids must be below it.
     vocab: usize,
 }
@@ -97,6 +99,7 @@ impl<'a> Request<'a> {
             source,
             cap,
             used: 0,
+            declined: false,
             vocab,
         }
     }
@@ -121,11 +124,21 @@ impl<'a> Request<'a> {
     /// score in [0, 1] that grows with the chance of acceptance, computed before the token is
     /// sampled; `None` if the drafter has none). Returns false when the draft should stop here.
     pub fn admit(&mut self, confidence: Option<f32>) -> bool {
-        if self.used >= self.cap || !self.gate.admit(&self.source, confidence) {
+        if self.used >= self.cap {
+            return false;
+        }
+        if !self.gate.admit(&self.source, confidence) {
+            self.declined = true;
             return false;
         }
         self.used += 1;
         true
+    }
+
+    /// Whether the gate declined a token of this request: asked again at the same place, the
+    /// drafter would be declined again.
+    pub fn declined(&self) -> bool {
+        self.declined
     }
 
     /// Whether another token is worth `cost` seconds of drafting, before paying for it (a
@@ -181,6 +194,7 @@ impl<'a> Request<'a> {
             source: source.clone(),
             cap,
             used: 0,
+            declined: false,
             vocab: self.vocab,
         }
     }
@@ -346,7 +360,7 @@ pub trait Drafter: Send {
 
     /// The sequence ended, having generated `output` after its prompt (at an end-of-sequence
     /// token, the length limit, a stop string or the context's end; not when the generation
-    /// failed). A drafter that learns across sequences records it here (Max-Gram's history
+    /// failed or was cancelled). A drafter that learns across sequences records it here (Max-Gram's history
     /// file). An error does not lose the output: the engine reports it among the generation's
     /// warnings.
     fn finish(&mut self, _output: &[u32]) -> Result<()> {

@@ -384,8 +384,14 @@ impl Engine {
         };
         on_text(stream.take_final(true));
         stats.decode_seconds = start.elapsed().as_secs_f64();
-        // The text is out: a drafter that cannot record it costs a warning, not the text.
-        let warnings = match self.drafter.as_mut().map(|d| d.finish(&generated)) {
+        // The text is out: a drafter that cannot record it costs a warning, not the text. A
+        // cancelled generation is not an answer to learn from (its client left or the server
+        // is stopping): it is not recorded.
+        let finished = self
+            .drafter
+            .as_mut()
+            .filter(|_| finish != FinishReason::Cancelled);
+        let warnings = match finished.map(|d| d.finish(&generated)) {
             Some(Err(e)) => vec![e.to_string()],
             _ => Vec::new(),
         };

@@ -7,7 +7,7 @@
 
 use crate::costs::ForwardCost;
 use crate::draft::{Draft, Drafter, Request};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::gate::{Adaptive, Gate, Prediction, Priors, Source};
 use crate::model::{Logits, Model, SyncedModel};
 use crate::review::{review, ReviewCounts, Verdict};
@@ -208,6 +208,21 @@ impl Reviewer {
             rng,
             emit.then_some(&mut dists),
         );
+        // A rule set for an experiment is held to its contract, not trusted.
+        if verdict.accepted > draft.len() {
+            return Err(Error::Compute(format!(
+                "the review rule kept {} of {} drafted tokens",
+                verdict.accepted,
+                draft.len()
+            )));
+        }
+        if emit && dists.len() != verdict.accepted + 1 {
+            return Err(Error::Compute(format!(
+                "the review rule gave {} distributions for the {} tokens it emitted",
+                dists.len(),
+                verdict.accepted + 1
+            )));
+        }
         self.counts.record(draft.len(), verdict.accepted);
         if let Some(a) = &mut self.adaptive {
             a[self.sampled as usize].learn(&gate, verdict.accepted);

@@ -10,12 +10,14 @@ mod common;
 
 use cascade::draft::{try_propose, Draft, Drafter, Request};
 use cascade::drafter::{AdaptiveCascade, HorizontalCascade, NeuralDrafter, VerticalCascade};
-use cascade::engine::{Engine, GenerateOptions};
+use cascade::engine::{Engine, FinishReason, GenerateOptions};
+use cascade::model::Logits;
+use cascade::review::{review, Verdict};
 use cascade::sampling::{Dist, Rng, Sampling};
 use cascade::Error;
 use common::{toy_tokenizer, ToyModel};
 use rand::SeedableRng;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 const VOCAB: usize = 6;
@@ -242,6 +244,85 @@ fn a_drafter_that_cannot_record_the_output_costs_a_warning_not_the_output() {
         );
     }
     assert_eq!(finished.load(Ordering::Relaxed), 5);
+}
+
+/// A review rule set for an experiment is held to its contract: keeping more tokens than
+/// were drafted, or emitting tokens without their distributions inside a cascade, is an
+/// error, not a panic or a cascade that never ends.
+#[test]
+fn a_review_rule_that_breaks_its_contract_is_an_error() {
+    fn keeps_too_many(
+        draft: &[u32],
+        _: &[Dist],
+        _: &Logits,
+        _: &Sampling,
+        _: f32,
+        _: &mut Rng,
+        _: Option<&mut Vec<Dist>>,
+    ) -> Verdict {
+        Verdict {
+            accepted: draft.len() + 1,
+            next: 0,
+        }
+    }
+    fn emits_no_distribution(
+        draft: &[u32],
+        q: &[Dist],
+        logits: &Logits,
+        s: &Sampling,
+        lenience: f32,
+        rng: &mut Rng,
+        _: Option<&mut Vec<Dist>>,
+    ) -> Verdict {
+        review(draft, q, logits, s, lenience, rng, None)
+    }
+    let plain = || Box::new(NeuralDrafter::new("n", toy()));
+    let mut e =
+        Engine::new(toy(), Some(plain()), toy_tokenizer(VOCAB)).with_review_rule(keeps_too_many);
+    let got = e.generate(&[1, 2], &GenerateOptions::default(), &mut |_| {});
+    let got = got.err().unwrap().to_string();
+    assert!(
+        got.contains("the review rule kept 5 of 4 drafted tokens"),
+        "{got}"
+    );
+    let cascade =
+        VerticalCascade::new("v", toy(), plain(), 3, 1.0).with_review_rule(emits_no_distribution);
+    let got = generate(Box::new(cascade)).err().unwrap().to_string();
+    assert!(
+        got.contains("the review rule gave 0 distributions for the"),
+        "{got}"
+    );
+}
+
+/// A cancelled generation (its client left) is no answer to learn from: the drafters do not
+/// record it. The same generation run to its end is recorded.
+#[test]
+fn a_cancelled_generation_is_not_recorded() {
+    let finished = Arc::new(AtomicUsize::new(0));
+    let recorder = Box::new(Recorder {
+        finished: finished.clone(),
+        fails: false,
+    });
+    let mut e = Engine::new(toy(), Some(recorder), toy_tokenizer(VOCAB));
+    for cancelled in [true, false] {
+        let cancel = Arc::new(AtomicBool::new(false));
+        let opts = GenerateOptions {
+            max_new_tokens: 6,
+            cancel: Some(cancel.clone()),
+            ..Default::default()
+        };
+        let got = e
+            .generate(&[1, 2], &opts, &mut |_| {
+                cancel.store(cancelled, Ordering::Relaxed)
+            })
+            .unwrap();
+        let want = match cancelled {
+            true => FinishReason::Cancelled,
+            false => FinishReason::Length,
+        };
+        assert_eq!(got.finish_reason, want);
+        assert_eq!(finished.load(Ordering::Relaxed), usize::from(!cancelled));
+    }
 }
 
 /// A draft model or reviewer whose context is shorter than the target's stops drafting where

@@ -38,20 +38,21 @@ impl HorizontalCascade {
 }
 
 /// Asks `drafter` (as `source`) for up to `cap` tokens continuing `seq`, through a part of
-/// `request`, and holds it to the contract.
+/// `request`, and holds it to the contract. Also says whether the gate declined its next
+/// token ([`Request::declined`]).
 pub(crate) fn ask_part(
     drafter: &mut dyn Drafter,
     source: &Source,
     seq: &[u32],
     request: &mut Request,
     cap: usize,
-) -> Result<Draft> {
+) -> Result<(Draft, bool)> {
     let mut part = request.part(source, cap);
     let draft = drafter.draft(seq, &mut part)?;
     part.check(&draft, drafter.name())?;
-    let admitted = part.admitted();
+    let (admitted, declined) = (part.admitted(), part.declined());
     request.count_part(admitted);
-    Ok(draft)
+    Ok((draft, declined))
 }
 
 impl Drafter for HorizontalCascade {
@@ -66,7 +67,7 @@ impl Drafter for HorizontalCascade {
             if request.remaining() == 0 {
                 break;
             }
-            let draft = ask_part(p.drafter.as_mut(), &p.source, &seq, request, p.share)?;
+            let (draft, _) = ask_part(p.drafter.as_mut(), &p.source, &seq, request, p.share)?;
             seq.extend_from_slice(draft.tokens());
             out.append(draft);
         }

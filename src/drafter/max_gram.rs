@@ -127,7 +127,7 @@ impl MaxGram {
                 first if first < self.prompt_len => first,
                 _ => *ends.last().unwrap() as usize,
             };
-            if self.tokens[end - n..end] != self.tokens[t - n..t] {
+            if end < n || self.tokens[end - n..end] != self.tokens[t - n..t] {
                 break; // a hash collision: treat as no longer match
             }
             best = Some(Match { len: n, end });
@@ -151,7 +151,7 @@ impl MaxGram {
             .take(1)
             .chain(ends.iter().skip(1).rev().take(SCANNED))
             .map(|&e| e as usize)
-            .filter(|&e| e < t && self.tokens[e - n..e] == *suffix);
+            .filter(|&e| e < t && e >= n && self.tokens[e - n..e] == *suffix);
         let mut counts: FxHashMap<u32, (u32, usize)> = FxHashMap::default();
         let mut total = 0u32;
         for e in scanned {

@@ -1,9 +1,10 @@
 //! Predicted outputs: a client sends the text it expects back (typically the file being
 //! edited), and the drafter copies from it wherever the text so far matches it.
 //!
-//! This is Max-Gram over one more source: the index holds the prediction, then the context,
-//! and a suffix of the context found in the prediction proposes what followed it there. The
-//! review keeps the output exact: a wrong prediction costs rejected drafts, never wrong text.
+//! This is Max-Gram over one more source: the index holds the prediction, a separator, then
+//! the context, and a suffix of the context found in the prediction proposes what followed it
+//! there. The review keeps the output exact: a wrong prediction costs rejected drafts, never
+//! wrong text.
 
 use super::max_gram::MaxGram;
 use crate::draft::{Draft, Drafter, NodeKind, NodeStats, Request};
@@ -14,6 +15,7 @@ use crate::sampling::Dist;
 /// Copies continuations from a prediction (and from the context itself).
 pub struct PredictionDrafter {
     name: String,
+    /// The prediction, then [`SEPARATOR`].
     prediction: Vec<u32>,
     /// `prediction`, then the context.
     index: MaxGram,
@@ -23,9 +25,14 @@ pub struct PredictionDrafter {
     min_match: usize,
 }
 
+/// Between the prediction and the context in the index: no token id, so no suffix of the
+/// context matches across the seam (nothing there was ever written in that order).
+const SEPARATOR: u32 = u32::MAX;
+
 impl PredictionDrafter {
     /// A drafter over the tokens of `prediction`, matching suffixes of up to `max_ngram`.
-    pub fn new(name: impl Into<String>, prediction: Vec<u32>, max_ngram: usize) -> Self {
+    pub fn new(name: impl Into<String>, mut prediction: Vec<u32>, max_ngram: usize) -> Self {
+        prediction.push(SEPARATOR);
         let mut index = MaxGram::new(max_ngram);
         index.start(&prediction);
         Self {
@@ -56,14 +63,12 @@ impl Drafter for PredictionDrafter {
         let Some((m, share)) = self.index.best_continuation() else {
             return Ok(draft);
         };
-        // The index joins the prediction and the context: nothing that crosses the seam was
-        // ever written, so a match across it is chance, and a copy stops at the prediction's
-        // end (after it comes the prompt's first token, not the prediction's continuation).
-        let p = self.prediction.len();
-        let room = match (m.end - m.len < p, m.end <= p) {
-            (true, true) => p - m.end,
-            (true, false) => 0,
-            (false, _) => usize::MAX,
+        // A match lies in the prediction or in the context (the separator is in neither); a
+        // copy from the prediction stops at its end.
+        let end = self.prediction.len() - 1;
+        let room = match m.end <= end {
+            true => end - m.end,
+            false => usize::MAX,
         };
         if m.len < self.min_match || room == 0 {
             return Ok(draft);
@@ -129,5 +134,11 @@ mod tests {
         assert_eq!(propose(&mut d, &[7, 8, 5, 1, 2], 4).tokens(), &[3, 4]);
         // A suffix found only across the seam (4 then 7) drafts nothing.
         assert!(propose(&mut d, &[7, 8, 4, 7], 3).is_empty());
+        // Where the longest suffix (9 4 7) would match only across the seam, a shorter one
+        // (4 7) found in the context still drafts.
+        let mut d = PredictionDrafter::new("p", vec![9, 4], 8);
+        let context = [7, 1, 4, 7, 2, 9, 4, 7];
+        d.start(&context[..5]).unwrap();
+        assert_eq!(propose(&mut d, &context, 2).tokens(), &[2, 9]);
     }
 }
