@@ -4,6 +4,9 @@ use crate::error::{Error, Result};
 use crate::tokenizer::Tokenizer;
 use aho_corasick::{AhoCorasick, MatchKind};
 
+/// The most tokens held back undecoded ([`TextStream::push`]).
+const MAX_PENDING: usize = 8;
+
 /// Decodes generated tokens as they are committed, finds stop strings, and releases text
 /// that is final: not a possible start of a stop string, not half of a UTF-8 character.
 ///
@@ -56,11 +59,19 @@ impl<'a> TextStream<'a> {
         self.ids.push(id);
         let before = self.tokenizer.decode(&self.ids[self.prefix..self.read])?;
         let now = self.tokenizer.decode(&self.ids[self.prefix..])?;
-        if now.len() > before.len()
+        // Tokens wait while they decode to nothing new (control tokens) or to half a
+        // character, but not beyond MAX_PENDING: a character spans at most 4 byte tokens, so
+        // more are invalid bytes (released as replacement characters) or hidden tokens, and
+        // the decoded window stays short either way.
+        let complete = now.len() > before.len()
             && !now.ends_with('\u{FFFD}')
-            && now.is_char_boundary(before.len())
-        {
-            self.text.push_str(&now[before.len()..]);
+            && now.is_char_boundary(before.len());
+        if complete || self.ids.len() - self.read > MAX_PENDING {
+            let mut from = before.len().min(now.len());
+            while !now.is_char_boundary(from) {
+                from += 1;
+            }
+            self.text.push_str(&now[from..]);
             self.prefix = self.read;
             self.read = self.ids.len();
         }

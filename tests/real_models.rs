@@ -7,6 +7,7 @@ use cascade::drafter::{Drafter, NeuralDrafter};
 use cascade::engine::{Engine, GenerateOptions, Generation};
 use cascade::model::Model;
 use cascade::sampling::Sampling;
+use cascade::stream::TextStream;
 use common::{real, serial, DRAFT, GEMMA3, SMOLLM2, TARGET};
 
 const PROMPTS: [&str; 3] = [
@@ -667,6 +668,33 @@ fn user_defined_tokens_are_text_and_control_tokens_are_not() {
         "<tool_call>{}</tool_call>"
     );
     assert!(t.is_eos(151645) && t.is_eos(151643) && !t.is_eos(151657));
+}
+
+/// A stream holds back only a few tokens: stray bytes (no character) come out as replacement
+/// characters before the generation ends, control tokens do not keep growing the decoded
+/// window, and the streamed text is the whole decode all the same.
+#[test]
+fn a_stream_holds_back_at_most_a_few_tokens() {
+    let t = &real(TARGET).tokenizer;
+    let stray = (0..t.vocab_size() as u32)
+        .find(|&id| t.decode(&[id]).unwrap() == "\u{FFFD}")
+        .expect("a byte token that is no character alone");
+    let control = t.encode("<|fim_prefix|>").unwrap();
+    assert_eq!(control.len(), 1);
+    let mut ids = vec![stray; 12];
+    ids.extend([control[0]; 20]);
+    ids.extend(t.encode_plain(" café, naïve").unwrap());
+    let mut s = TextStream::new(t, &[]).unwrap();
+    for &id in &ids[..12] {
+        s.push(id).unwrap();
+    }
+    let early = s.take_final(false).to_string();
+    assert!(early.starts_with('\u{FFFD}'), "{early:?}");
+    for &id in &ids[12..] {
+        s.push(id).unwrap();
+    }
+    let rest = s.take_final(true).to_string();
+    assert_eq!(early + &rest, t.decode(&ids).unwrap());
 }
 
 /// A chat template renders as Hugging Face renders it: blocks trimmed (`trim_blocks`,

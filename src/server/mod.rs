@@ -196,43 +196,11 @@ fn read(body: Body) -> std::result::Result<Value, ApiError> {
 }
 
 async fn chat(State(app): State<Arc<App>>, body: Body) -> Response {
-    let arrived = Instant::now();
-    let run = || -> std::result::Result<_, ApiError> {
-        let body = read(body)?;
-        let req: api::ChatRequest = api::parse(&body)?;
-        let settings = api::parse::<api::Common>(&body)?.settings()?;
-        if app.tokenizer.chat_template().is_none() {
-            return Err(ApiError::new(
-                StatusCode::NOT_IMPLEMENTED,
-                "the model has no chat template: use /v1/completions",
-            ));
-        }
-        let turns = req.turns(app.system.as_deref())?;
-        let turns: Vec<(&str, &str)> = turns
-            .iter()
-            .map(|(r, c)| (r.as_str(), c.as_str()))
-            .collect();
-        let text = crate::chat::render(&app.tokenizer, &turns)
-            .map_err(|e| ApiError::invalid("messages", e.to_string()))?;
-        Ok((text, settings))
-    };
-    match run() {
-        Ok((text, settings)) => respond(app, Endpoint::Chat, &text, settings, arrived).await,
-        Err(e) => e.into_response(),
-    }
+    handle(app, Endpoint::Chat, body).await
 }
 
 async fn completions(State(app): State<Arc<App>>, body: Body) -> Response {
-    let arrived = Instant::now();
-    let run = || -> std::result::Result<_, ApiError> {
-        let body = read(body)?;
-        let req: api::CompletionRequest = api::parse(&body)?;
-        Ok((req.prompt()?, api::parse::<api::Common>(&body)?.settings()?))
-    };
-    match run() {
-        Ok((text, settings)) => respond(app, Endpoint::Completions, &text, settings, arrived).await,
-        Err(e) => e.into_response(),
-    }
+    handle(app, Endpoint::Completions, body).await
 }
 
 /// Sets the cancel flag when dropped: the handler (or its stream) went away.
@@ -244,44 +212,101 @@ impl Drop for CancelOnDrop {
     }
 }
 
+/// A checked request: its prompt (and prediction) as tokens, and its settings.
+struct Checked {
+    prompt: Vec<u32>,
+    prediction: Option<Vec<u32>>,
+    settings: Settings,
+}
+
+/// Checks a request, then queues its job and answers it, streamed or whole. Checking parses,
+/// renders and tokenizes, milliseconds of work for a long prompt: it runs on a blocking
+/// thread, so the runtime's one thread goes on streaming every other response meanwhile.
+async fn handle(app: Arc<App>, endpoint: Endpoint, body: Body) -> Response {
+    let arrived = Instant::now();
+    let checking = {
+        let app = app.clone();
+        tokio::task::spawn_blocking(move || check(&app, endpoint, body))
+    };
+    match checking.await {
+        Ok(Ok(checked)) => respond(app, endpoint, checked, arrived).await,
+        Ok(Err(e)) => e.into_response(),
+        Err(e) => ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("checking the request failed: {e}"),
+        )
+        .into_response(),
+    }
+}
+
+/// The request's fields checked, its chat rendered and its text tokenized.
+fn check(app: &App, endpoint: Endpoint, body: Body) -> std::result::Result<Checked, ApiError> {
+    let body = read(body)?;
+    let (text, settings, field) = match endpoint {
+        Endpoint::Chat => {
+            let req: api::ChatRequest = api::parse(&body)?;
+            let settings = api::parse::<api::Common>(&body)?.settings()?;
+            if app.tokenizer.chat_template().is_none() {
+                return Err(ApiError::new(
+                    StatusCode::NOT_IMPLEMENTED,
+                    "the model has no chat template: use /v1/completions",
+                ));
+            }
+            let turns = req.turns(app.system.as_deref())?;
+            let turns: Vec<(&str, &str)> = turns
+                .iter()
+                .map(|(r, c)| (r.as_str(), c.as_str()))
+                .collect();
+            let text = crate::chat::render(&app.tokenizer, &turns)
+                .map_err(|e| ApiError::invalid("messages", e.to_string()))?;
+            (text, settings, "messages")
+        }
+        Endpoint::Completions => {
+            let req: api::CompletionRequest = api::parse(&body)?;
+            let settings = api::parse::<api::Common>(&body)?.settings()?;
+            (req.prompt()?, settings, "prompt")
+        }
+    };
+    let prompt = app
+        .tokenizer
+        .encode(&text)
+        .map_err(|e| ApiError::invalid(field, e.to_string()))?;
+    if prompt.is_empty() {
+        return Err(ApiError::invalid(field, "the prompt is empty"));
+    }
+    if prompt.len() >= app.context {
+        return Err(ApiError::invalid(
+            field,
+            format!("the prompt has {} tokens but the context holds {}, with room for at least one new token needed", prompt.len(), app.context),
+        ));
+    }
+    let prediction = match &settings.prediction {
+        Some(p) => Some(
+            app.tokenizer
+                .encode_plain(p)
+                .map_err(|e| ApiError::invalid("prediction.content", e.to_string()))?,
+        ),
+        None => None,
+    };
+    Ok(Checked {
+        prompt,
+        prediction,
+        settings,
+    })
+}
+
 /// Queues the job of a checked request and answers it, streamed or whole.
 async fn respond(
     app: Arc<App>,
     endpoint: Endpoint,
-    text: &str,
-    s: Settings,
+    checked: Checked,
     arrived: Instant,
 ) -> Response {
-    let encode = |t: &str, field: &str| {
-        app.tokenizer
-            .encode(t)
-            .map_err(|e| ApiError::invalid(field, e.to_string()))
-    };
-    let field = match endpoint {
-        Endpoint::Chat => "messages",
-        Endpoint::Completions => "prompt",
-    };
-    let prompt = match encode(text, field) {
-        Ok(p) if p.is_empty() => return ApiError::invalid(field, "the prompt is empty").into_response(),
-        Ok(p) if p.len() >= app.context => {
-            return ApiError::invalid(
-                field,
-                format!("the prompt has {} tokens but the context holds {}, with room for at least one new token needed", p.len(), app.context),
-            )
-            .into_response()
-        }
-        Ok(p) => p,
-        Err(e) => return e.into_response(),
-    };
-    let prediction = match &s.prediction {
-        Some(p) => match app.tokenizer.encode_plain(p) {
-            Ok(t) => Some(t),
-            Err(e) => {
-                return ApiError::invalid("prediction.content", e.to_string()).into_response()
-            }
-        },
-        None => None,
-    };
+    let Checked {
+        prompt,
+        prediction,
+        settings: s,
+    } = checked;
     let cancel = Arc::new(AtomicBool::new(false));
     let mut opts = s.options(&app.defaults, app.context - prompt.len());
     opts.cancel = Some(cancel.clone());
