@@ -43,9 +43,13 @@ impl ForwardCost {
             && self.per_context.iter().all(|p| p.1.is_finite())
     }
 
-    /// r(k), interpolated between the measured lengths and extrapolated past them.
+    /// r(k), interpolated between the measured lengths and extrapolated past them; never
+    /// less than at a shorter length, though noise may have measured one so (the gate weighs
+    /// the cost of each extra token, which must not come out negative).
     pub fn ratio(&self, k: f64) -> f64 {
-        interpolate(&self.ratios, k)
+        let shorter = self.ratios.iter().take_while(|p| p.0 as f64 <= k);
+        let floor = shorter.map(|p| p.1).fold(f64::MIN, f64::max);
+        interpolate(&self.ratios, k).max(floor)
     }
 
     /// Seconds of a forward over `k` tokens after [`CONTEXT`] tokens.
@@ -424,31 +428,34 @@ impl CostCache {
         remeasure: bool,
         events: &mut dyn FnMut(CostEvent),
     ) -> Result<Vec<ForwardCost>> {
-        let missing: Vec<Subject> = models
+        // Keyed once: a model file rewritten meanwhile would change its key.
+        let keys: Vec<String> = models.iter().map(|&m| Self::key(m)).collect();
+        let missing: Vec<(Subject, &String)> = models
             .iter()
             .copied()
-            .filter(|&m| remeasure || self.get(m).is_none())
+            .zip(&keys)
+            .filter(|(_, k)| remeasure || !self.entries.contains_key(*k))
             .collect();
         if !missing.is_empty() {
-            let names: Vec<String> = missing.iter().map(|&m| Self::label(m)).collect();
+            let names: Vec<String> = missing.iter().map(|&(m, _)| Self::label(m)).collect();
             events(CostEvent::Measuring(&names));
-            let measured = measure(&missing, REPS)?;
+            let subjects: Vec<Subject> = missing.iter().map(|&(m, _)| m).collect();
+            let measured = measure(&subjects, REPS)?;
             let now = crate::bench::utc_now();
-            for (&m, cost) in missing.iter().zip(measured.costs) {
+            for (&(_, key), cost) in missing.iter().zip(measured.costs) {
                 let entry = Entry {
                     measured: now.clone(),
                     cost,
                     cpu_share: measured.cpu_share,
                 };
-                self.entries.insert(Self::key(m), entry);
+                self.entries.insert(key.clone(), entry);
             }
-            let in_use: Vec<String> = models.iter().map(|&m| Self::key(m)).collect();
-            prune(&mut self.entries, &in_use);
+            prune(&mut self.entries, &keys);
             self.save()?;
         }
-        let entries: Vec<&Entry> = models
+        let entries: Vec<&Entry> = keys
             .iter()
-            .map(|&m| self.entries.get(&Self::key(m)).expect("measured above"))
+            .map(|k| self.entries.get(k).expect("measured above"))
             .collect();
         // One warning per contended measurement, naming the models it measured.
         let mut warnings: Vec<(&str, f64, Vec<String>)> = Vec::new();
@@ -556,6 +563,15 @@ mod tests {
         assert!((interpolate(&p, 10.0) - 3.4).abs() < 1e-12);
         // Nothing measured: k tokens cost k.
         assert_eq!(interpolate(&[], 5.0), 5.0);
+        // A noisy measurement where more tokens came out cheaper: r(k) still never falls.
+        let noisy = ForwardCost {
+            decode_seconds: 0.05,
+            ratios: vec![(1, 1.0), (8, 3.0), (12, 5.0), (16, 4.5)],
+            per_context: Vec::new(),
+        };
+        let r: Vec<f64> = (1..=64).map(|k| noisy.ratio(k as f64)).collect();
+        assert!(r.windows(2).all(|w| w[0] <= w[1]), "{r:?}");
+        assert_eq!((r[11], r[15], r[63]), (5.0, 5.0, 5.0));
         let c = ForwardCost {
             decode_seconds: 0.05,
             ratios: p.to_vec(),

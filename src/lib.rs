@@ -46,7 +46,7 @@ pub mod draft;
 pub mod drafter;
 pub mod engine;
 pub mod error;
-mod files;
+pub mod files;
 pub mod gate;
 pub mod model;
 pub mod ngram;

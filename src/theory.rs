@@ -119,6 +119,15 @@ pub fn split_improvement(
     position_dependent_tokens(&accept) / (verify(1.0 + fill.iter().sum::<f64>()) + cost)
 }
 
+/// How many [`splits`] there are: C(max_k + parts, parts) - 1 (saturating).
+pub fn split_count(parts: usize, max_k: usize) -> u128 {
+    (1..=parts as u128)
+        .try_fold(1u128, |c, i| {
+            c.checked_mul(max_k as u128 + i).map(|c| c / i)
+        })
+        .map_or(u128::MAX, |c| c - 1)
+}
+
 /// Every way to give at most `max_k` positions, at least one, to `parts` drafters in order.
 pub fn splits(parts: usize, max_k: usize) -> Vec<Vec<usize>> {
     fn all(n: usize, max: usize) -> Vec<Vec<usize>> {
@@ -176,6 +185,20 @@ pub fn emission_costs(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn split_count_counts_the_splits() {
+        for parts in 1..=4 {
+            for max_k in 0..=6 {
+                assert_eq!(
+                    split_count(parts, max_k),
+                    splits(parts, max_k).len() as u128
+                );
+            }
+        }
+        assert_eq!(split_count(7, 64), 1_329_890_704);
+        assert_eq!(split_count(1000, 1000), u128::MAX);
+    }
 
     fn close(a: f64, b: f64) -> bool {
         (a - b).abs() < 1e-9 * b.abs().max(1.0)

@@ -343,6 +343,12 @@ fn errors_are_reported_without_a_panic() {
         bench_error(&[other.to_str().unwrap()]),
         "cascade: other: its target differs from `max-gram`'s; bench compares configs over one target"
     );
+    // Every config is compared with one autoregressive run: a sampled config beside a greedy
+    // one would be compared with greedy decoding.
+    assert_eq!(
+        bench_error(&["configs/speculative-nucleus.toml"]),
+        "cascade: speculative-nucleus: its sampling, seed or stop strings differ from `max-gram`'s; bench compares every config with one autoregressive run, so they must agree (--temperature, --top-k and --top-p set the sampling of all)"
+    );
     // Sampling flags replace every config's: top-p alone would be greedy.
     assert_eq!(
         bench_error(&["--top-p", "0.9"]),

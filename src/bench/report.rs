@@ -48,8 +48,10 @@ impl Report {
         std::fs::create_dir_all(dir)?;
         let table = format!("{}\n\n{}", self.costs_line(), markdown(&self.summary));
         let json = serde_json::to_string_pretty(self).expect("plain data");
-        std::fs::write(dir.join("report.json"), json)?;
-        std::fs::write(dir.join("report.md"), &table)?;
+        let write =
+            |name: &str, bytes: &[u8]| crate::files::write_atomically(&dir.join(name), bytes);
+        write("report.json", json.as_bytes())?;
+        write("report.md", table.as_bytes())?;
         let overall = || self.summary.iter().filter(|s| s.category == "all");
         let acceptance: Vec<(String, Vec<f64>)> = overall()
             .filter(|s| s.config != "autoregressive")
@@ -78,10 +80,10 @@ impl Report {
                 (s.config.clone(), v)
             })
             .collect();
-        std::fs::write(dir.join("acceptance.svg"), plot::acceptance(&acceptance))?;
-        std::fs::write(
-            dir.join("speedup.svg"),
-            plot::speedup(&categories, &speedups),
+        write("acceptance.svg", plot::acceptance(&acceptance).as_bytes())?;
+        write(
+            "speedup.svg",
+            plot::speedup(&categories, &speedups).as_bytes(),
         )?;
         Ok(table)
     }

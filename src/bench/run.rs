@@ -228,15 +228,35 @@ pub fn run(
     }
     let mut baseline_plan = first.plan.clone();
     baseline_plan.drafter = None;
-    let mut engines: Vec<(String, Engine, GenerateOptions)> = Vec::new();
-    let mut add = |label: &str, plan: &Plan, store: &mut ModelStore| -> Result<()> {
-        let engine = plan.build_with(store, &mut |_, _, _| {})?;
+    baseline_plan.options.lenience = 1.0; // the target's own output, whatever config 1 allows
+    let options = |plan: &Plan| {
         let mut o = plan.options.clone();
         o.max_new_tokens = opts.max_new_tokens;
         if let Some(s) = opts.sampling {
             o.sampling = s;
         }
-        engines.push((label.to_string(), engine, o));
+        o
+    };
+    // ... and their outputs must be comparable with it: the same sampling (the seed too, if
+    // sampled) and stop strings.
+    let settings = |o: &GenerateOptions| {
+        let seed = (!o.sampling.is_greedy()).then_some(o.seed);
+        (o.sampling, seed, o.stop.clone())
+    };
+    let base = settings(&options(&baseline_plan));
+    if let Some(c) = configs.iter().find(|c| settings(&options(&c.plan)) != base) {
+        return Err(Error::config(
+            &c.label,
+            format!(
+                "its sampling, seed or stop strings differ from `{}`'s; bench compares every config with one autoregressive run, so they must agree (--temperature, --top-k and --top-p set the sampling of all)",
+                first.label
+            ),
+        ));
+    }
+    let mut engines: Vec<(String, Engine, GenerateOptions)> = Vec::new();
+    let mut add = |label: &str, plan: &Plan, store: &mut ModelStore| -> Result<()> {
+        let engine = plan.build_with(store, &mut |_, _, _| {})?;
+        engines.push((label.to_string(), engine, options(plan)));
         Ok(())
     };
     add("autoregressive", &baseline_plan, store)?;

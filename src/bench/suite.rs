@@ -30,8 +30,16 @@ pub fn load_suite(path: &Path) -> Result<Vec<SuitePrompt>> {
         .enumerate()
         .filter(|(_, l)| !l.trim().is_empty())
         .map(|(i, l)| {
-            serde_json::from_str(l)
-                .map_err(|e| Error::config(format!("{}:{}", path.display(), i + 1), e.to_string()))
+            let at = || format!("{}:{}", path.display(), i + 1);
+            let p: SuitePrompt =
+                serde_json::from_str(l).map_err(|e| Error::config(at(), e.to_string()))?;
+            if p.category == "all" {
+                return Err(Error::config(
+                    at(),
+                    "the category `all` is the report's name for the whole suite: rename it",
+                ));
+            }
+            Ok(p)
         })
         .collect()
 }

@@ -21,7 +21,8 @@ pub struct Summary {
     pub runs: usize,
     /// Mean decode speed.
     pub decode_tokens_per_second: f64,
-    /// Mean speedup over autoregressive decoding of the same prompts.
+    /// Mean speedup over autoregressive decoding of the same prompts (of the runs where both
+    /// generated tokens).
     pub speedup_mean: f64,
     /// Standard deviation of the per-prompt speedups.
     pub speedup_sd: f64,
@@ -88,8 +89,10 @@ pub fn summarize(
             let tokens: usize = rs.iter().map(|r| r.generated_tokens).sum();
             let calls: usize = rs.iter().map(|r| r.target_calls).sum();
             let seconds: f64 = rs.iter().map(|r| r.decode_seconds).sum();
-            let (speedup_mean, speedup_sd) = mean(rs.iter().map(|r| r.speedup));
-            let (end_to_end_mean, _) = mean(rs.iter().map(|r| r.end_to_end));
+            // A run where either side generated nothing has no speedup (0): left out.
+            let (speedup_mean, speedup_sd) =
+                mean(rs.iter().map(|r| r.speedup).filter(|&s| s > 0.0));
+            let (end_to_end_mean, _) = mean(rs.iter().map(|r| r.end_to_end).filter(|&s| s > 0.0));
             let mut target = ReviewCounts::default();
             let mut levels: BTreeMap<String, ReviewCounts> = BTreeMap::new();
             for r in &rs {

@@ -5,6 +5,7 @@ use super::{bar, label, load_plan, Steps};
 use anyhow::{bail, Context, Result};
 use cascade::bench::{self, BenchConfig, BenchOptions, Report};
 use cascade::config::RawConfig;
+use cascade::files::write_atomically;
 use cascade::model::ModelStore;
 use cascade::sampling::Sampling;
 use clap::Args;
@@ -131,8 +132,11 @@ pub fn bench_command(args: BenchArgs) -> Result<Report> {
     let stop = Arc::new(AtomicBool::new(false));
     let flag = stop.clone();
     ctrlc::set_handler(move || {
+        if flag.swap(true, Ordering::Relaxed) {
+            eprintln!("\ncascade: interrupted twice: exiting now, no report written");
+            std::process::exit(130);
+        }
         eprintln!("\ncascade: interrupted, finishing the current run and writing the report");
-        flag.store(true, Ordering::Relaxed);
     })?;
     let mut store = ModelStore::default();
     let started = bench::utc_now();
@@ -155,6 +159,17 @@ pub fn bench_command(args: BenchArgs) -> Result<Report> {
         },
     )?;
     bar.finish_and_clear();
+    if records.is_empty() {
+        // Nothing to report: an earlier report in the folder stays as it was.
+        let why = match early_end {
+            Some(bench::EarlyEnd::Failed(e)) => e.to_string(),
+            _ => "interrupted".to_string(),
+        };
+        bail!(
+            "{why} before any run of the suite finished: no report written ({} is unchanged)",
+            args.out.display()
+        );
+    }
     eprintln!("measuring every model's forward costs, side by side");
     let (verify_cost, models) = bench::measure_store_costs(&store, &configs[0].plan.target.path)?;
     let k_of = |label: &str| {
@@ -272,7 +287,7 @@ pub fn plan(args: PlanArgs) -> Result<()> {
         }
         let base = args.config.parent().map(PathBuf::from).unwrap_or_default();
         planner::absolute_paths(&mut doc, &base);
-        std::fs::write(&out, toml::to_string(&doc)?)?;
+        write_atomically(&out, toml::to_string(&doc)?.as_bytes())?;
         println!("wrote {}", out.display());
     }
     Ok(())
