@@ -43,13 +43,9 @@ impl ForwardCost {
             && self.per_context.iter().all(|p| p.1.is_finite())
     }
 
-    /// r(k), interpolated between the measured lengths and extrapolated past them; never
-    /// less than at a shorter length, though noise may have measured one so (the gate weighs
-    /// the cost of each extra token, which must not come out negative).
+    /// r(k), interpolated between the measured lengths and extrapolated past them.
     pub fn ratio(&self, k: f64) -> f64 {
-        let shorter = self.ratios.iter().take_while(|p| p.0 as f64 <= k);
-        let floor = shorter.map(|p| p.1).fold(f64::MIN, f64::max);
-        interpolate(&self.ratios, k).max(floor)
+        interpolate(&self.ratios, k)
     }
 
     /// Seconds of a forward over `k` tokens after [`CONTEXT`] tokens.
@@ -81,6 +77,11 @@ pub fn well_formed_ratios(points: &[(usize, f64)]) -> bool {
 /// Linear interpolation of `(k, value)` points (ascending in k), held at the first value
 /// before the first point and extrapolated from the last two past the end. With no points a
 /// forward over k tokens costs k; with one, it grows in proportion.
+///
+/// The result never falls as k grows, though noise can measure a longer forward as cheaper
+/// than a shorter one: it is at least every point's value at or before k, and past the end
+/// a falling last slope gives way to the mean slope over all points (costs of extra tokens,
+/// which the gate and the planner weigh, must not come out negative or zero for good).
 pub fn interpolate(points: &[(usize, f64)], k: f64) -> f64 {
     let Some(&first) = points.first() else {
         return k;
@@ -91,15 +92,24 @@ pub fn interpolate(points: &[(usize, f64)], k: f64) -> f64 {
     if k <= first.0 as f64 {
         return first.1;
     }
+    let slope = |a: (usize, f64), b: (usize, f64)| (b.1 - a.1) / (b.0 - a.0).max(1) as f64;
+    let floor = points
+        .iter()
+        .take_while(|p| p.0 as f64 <= k)
+        .map(|p| p.1)
+        .fold(f64::MIN, f64::max);
     for w in points.windows(2) {
         let (a, b) = (w[0], w[1]);
         if k <= b.0 as f64 {
-            let span = (b.0 - a.0) as f64;
-            return a.1 + (b.1 - a.1) * (k - a.0 as f64) / span.max(1.0);
+            return (a.1 + slope(a, b) * (k - a.0 as f64)).max(floor);
         }
     }
     let (a, b) = (points[points.len() - 2], points[points.len() - 1]);
-    b.1 + (b.1 - a.1) / (b.0 - a.0).max(1) as f64 * (k - b.0 as f64)
+    let last = match slope(a, b) {
+        s if s > 0.0 => s,
+        _ => slope(first, b).max(0.0),
+    };
+    (b.1 + last * (k - b.0 as f64)).max(floor)
 }
 
 /// What is measured: a model, scoring its whole vocabulary or only some tokens (a draft
@@ -571,7 +581,13 @@ mod tests {
         };
         let r: Vec<f64> = (1..=64).map(|k| noisy.ratio(k as f64)).collect();
         assert!(r.windows(2).all(|w| w[0] <= w[1]), "{r:?}");
-        assert_eq!((r[11], r[15], r[63]), (5.0, 5.0, 5.0));
+        assert_eq!((r[11], r[15]), (5.0, 5.0));
+        // Past the end, the mean slope (3.5 over 15 tokens), not the falling last one.
+        assert!(
+            (r[63] - (4.5 + 3.5 / 15.0 * 48.0)).abs() < 1e-9,
+            "{}",
+            r[63]
+        );
         let c = ForwardCost {
             decode_seconds: 0.05,
             ratios: p.to_vec(),

@@ -75,9 +75,7 @@ pub struct Request<'a> {
     /// The most tokens this request may admit, and how many it has.
     cap: usize,
     used: usize,
-    /// Whether the drafter pays for its tokens ([`Request::worth_drafting`] said yes).
-    paid: bool,
-    /// Whether the gate declined a token the drafter had paid for.
+    /// Whether the gate declined a token (rather than the cap ending the draft).
     declined: bool,
     /// The reviewer's vocabulary size: token ids must be below it.
     vocab: usize,
@@ -101,7 +99,6 @@ impl<'a> Request<'a> {
             source,
             cap,
             used: 0,
-            paid: false,
             declined: false,
             vocab,
         }
@@ -131,17 +128,15 @@ impl<'a> Request<'a> {
             return false;
         }
         if !self.gate.admit(&self.source, confidence) {
-            self.declined = self.paid;
+            self.declined = true;
             return false;
         }
         self.used += 1;
         true
     }
 
-    /// Whether the gate declined a token the drafter had paid a forward pass for: asked again
-    /// at the same place, it would pay again to be declined again. (A drafter that pays
-    /// nothing, such as Max-Gram, may find a longer match when asked again after its own
-    /// tokens, so it is not counted as declined.)
+    /// Whether the gate declined a token of this request: asked again at the same place, the
+    /// drafter would be declined again.
     pub fn declined(&self) -> bool {
         self.declined
     }
@@ -152,9 +147,7 @@ impl<'a> Request<'a> {
     /// up on the text since its last draft, so it costs more than the ones after it).
     pub fn worth_drafting(&mut self, cost: f64, then: f64) -> bool {
         let max = self.remaining();
-        let worth = max > 0 && self.gate.worth_drafting(&self.source, cost, then, max);
-        self.paid |= worth;
-        worth
+        max > 0 && self.gate.worth_drafting(&self.source, cost, then, max)
     }
 
     /// Whether to spend `cost` seconds reading the text before a first draft (a draft model
@@ -201,7 +194,6 @@ impl<'a> Request<'a> {
             source: source.clone(),
             cap,
             used: 0,
-            paid: false,
             declined: false,
             vocab: self.vocab,
         }

@@ -59,21 +59,30 @@ impl<'a> TextStream<'a> {
         self.ids.push(id);
         let before = self.tokenizer.decode(&self.ids[self.prefix..self.read])?;
         let now = self.tokenizer.decode(&self.ids[self.prefix..])?;
-        // Tokens wait while they decode to nothing new (control tokens) or to half a
-        // character, but not beyond MAX_PENDING: a character spans at most 4 byte tokens, so
-        // more are invalid bytes (released as replacement characters) or hidden tokens, and
-        // the decoded window stays short either way.
-        let complete = now.len() > before.len()
+        if now.len() > before.len()
             && !now.ends_with('\u{FFFD}')
-            && now.is_char_boundary(before.len());
-        if complete || self.ids.len() - self.read > MAX_PENDING {
-            let mut from = before.len().min(now.len());
-            while !now.is_char_boundary(from) {
-                from += 1;
-            }
-            self.text.push_str(&now[from..]);
-            self.prefix = self.read;
-            self.read = self.ids.len();
+            && now.is_char_boundary(before.len())
+        {
+            self.release(&before, &now, self.ids.len());
+        } else if self.ids.len() - self.read > MAX_PENDING {
+            // Tokens wait while they decode to nothing new (control tokens) or to half a
+            // character, but not beyond MAX_PENDING: release up to the last token that ends
+            // a whole character. If none does, the bytes are invalid (a character spans at
+            // most 4 byte tokens): all but the last 3 tokens, which may still begin one, go
+            // out as replacement characters.
+            let whole = (self.read + 1..=self.ids.len()).rev().find_map(|r| {
+                let text = self.tokenizer.decode(&self.ids[self.prefix..r]).ok()?;
+                let fits = text.len() >= before.len() && text.is_char_boundary(before.len());
+                (fits && !text.ends_with('\u{FFFD}')).then_some((r, text))
+            });
+            let (r, text) = match whole {
+                Some(found) => found,
+                None => {
+                    let r = self.ids.len() - 3;
+                    (r, self.tokenizer.decode(&self.ids[self.prefix..r])?)
+                }
+            };
+            self.release(&before, &text, r);
         }
         let Some(matcher) = &self.matcher else {
             return Ok(false);
@@ -92,6 +101,18 @@ impl<'a> TextStream<'a> {
         }
     }
 
+    /// Appends what `now` (the decode of `ids[prefix..read]`) adds to `before` (that of
+    /// `ids[prefix..self.read]`), and moves the window on.
+    fn release(&mut self, before: &str, now: &str, read: usize) {
+        let mut from = before.len().min(now.len());
+        while !now.is_char_boundary(from) {
+            from += 1;
+        }
+        self.text.push_str(&now[from..]);
+        self.prefix = self.read;
+        self.read = read;
+    }
+
     /// Text that became final since the last call. With `finished`, everything left
     /// (a dangling partial character included, as the replacement character).
     pub fn take_final(&mut self, finished: bool) -> &str {
@@ -104,10 +125,7 @@ impl<'a> TextStream<'a> {
                 .tokenizer
                 .decode(&self.ids[self.prefix..])
                 .unwrap_or_default();
-            if now.len() > before.len() && now.is_char_boundary(before.len()) {
-                self.text.push_str(&now[before.len()..]);
-            }
-            self.read = self.ids.len();
+            self.release(&before, &now, self.ids.len());
         }
         let mut end = self.text.len();
         if !finished {

@@ -695,6 +695,29 @@ fn a_stream_holds_back_at_most_a_few_tokens() {
     }
     let rest = s.take_final(true).to_string();
     assert_eq!(early + &rest, t.decode(&ids).unwrap());
+    // A character split over two byte tokens, after a run of control tokens long enough to
+    // release the text early, still comes out whole.
+    let strays: Vec<u32> = (0..t.vocab_size() as u32)
+        .filter(|&id| t.decode(&[id]).unwrap() == "\u{FFFD}")
+        .collect();
+    let (lead, next) = strays
+        .iter()
+        .flat_map(|&a| strays.iter().map(move |&b| (a, b)))
+        .find(|&(a, b)| t.decode(&[a, b]).unwrap() == "é")
+        .expect("the two byte tokens of é");
+    for controls in [7, 8, 9, 12] {
+        let mut ids = vec![control[0]; controls];
+        ids.extend([lead, next]);
+        ids.extend(t.encode_plain(" h").unwrap());
+        let mut s = TextStream::new(t, &[]).unwrap();
+        let mut streamed = String::new();
+        for &id in &ids {
+            s.push(id).unwrap();
+            streamed += s.take_final(false);
+        }
+        streamed += s.take_final(true);
+        assert_eq!(streamed, "é h", "after {controls} control tokens");
+    }
 }
 
 /// A chat template renders as Hugging Face renders it: blocks trimmed (`trim_blocks`,

@@ -240,8 +240,8 @@ pub fn run(
     // ... and their outputs must be comparable with it: the same sampling (the seed too, if
     // sampled) and stop strings.
     let settings = |o: &GenerateOptions| {
-        let seed = (!o.sampling.is_greedy()).then_some(o.seed);
-        (o.sampling, seed, o.stop.clone())
+        let sampled = (!o.sampling.is_greedy()).then_some((o.sampling, o.seed));
+        (sampled, o.stop.clone())
     };
     let base = settings(&options(&baseline_plan));
     if let Some(c) = configs.iter().find(|c| settings(&options(&c.plan)) != base) {

@@ -11,9 +11,9 @@ use crate::gate::Source;
 /// next takes over; after a part has drafted, the cheaper ones are tried again, since the text
 /// it added may give them something (a Max-Gram match). So Max-Gram drafts where it has a
 /// long or frequent match, a neural cascade where it is confident, and nothing drafts where
-/// neither pays: the round is then a plain decode step. A part that paid for a token the gate
-/// then declined is not asked again at the same place (a draft model would pay for the same
-/// forward to be declined again).
+/// neither pays: the round is then a plain decode step. A part whose token the gate declined
+/// is not asked again at the same place (a draft model would pay for the same forward to be
+/// declined again).
 pub struct AdaptiveCascade {
     name: String,
     parts: Vec<(Box<dyn Drafter>, Source)>,
@@ -48,7 +48,7 @@ impl Drafter for AdaptiveCascade {
     fn draft(&mut self, context: &[u32], request: &mut Request) -> Result<Draft> {
         let mut seq = context.to_vec();
         let mut out = Draft::new();
-        // Where the gate last declined a token each part paid for (a length of `seq`).
+        // Where the gate last declined each part's token (a length of `seq`).
         let mut declined_at = vec![None; self.parts.len()];
         'positions: while request.remaining() > 0 {
             for ((drafter, source), declined_at) in self.parts.iter_mut().zip(&mut declined_at) {
@@ -109,13 +109,11 @@ mod tests {
     use std::sync::atomic::{AtomicUsize, Ordering};
     use std::sync::Arc;
 
-    /// Drafts token 1 at each position with the next of `confidences`, counting its calls;
-    /// pays for each token first if `paid` (as a draft model's forward).
+    /// Drafts token 1 at each position with the next of `confidences`, counting its calls.
     struct Scripted {
         confidences: Vec<f32>,
         at: usize,
         calls: Arc<AtomicUsize>,
-        paid: bool,
     }
 
     impl Drafter for Scripted {
@@ -127,9 +125,6 @@ mod tests {
             self.calls.fetch_add(1, Ordering::Relaxed);
             let mut draft = Draft::new();
             while let Some(&c) = self.confidences.get(self.at) {
-                if self.paid && !request.worth_drafting(1e-4, 1e-4) {
-                    break;
-                }
                 if !request.admit(Some(c)) {
                     break;
                 }
@@ -140,9 +135,8 @@ mod tests {
         }
     }
 
-    /// A part that paid for a token the gate declined is not asked again at the same place:
-    /// one call drafts the sure tokens and stops at the unsure one, which ends the draft. A
-    /// part that pays nothing is asked again (asked anew, Max-Gram may find a longer match).
+    /// A part whose token the gate declined is not asked again at the same place: one call
+    /// drafts the sure tokens and stops at the unsure one, which ends the draft.
     #[test]
     fn a_part_declined_by_the_gate_is_not_asked_again_there() {
         let verify = ForwardCost {
@@ -150,21 +144,17 @@ mod tests {
             ratios: (1..=16).map(|k| (k, 1.0 + 0.1 * (k - 1) as f64)).collect(),
             per_context: Vec::new(),
         };
-        for (paid, want_calls) in [(true, 1), (false, 2)] {
-            let calls = Arc::new(AtomicUsize::new(0));
-            let part = Scripted {
-                confidences: vec![0.99, 0.99, 0.01, 0.99],
-                at: 0,
-                calls: calls.clone(),
-                paid,
-            };
-            let mut cascade = AdaptiveCascade::new("a", vec![Box::new(part)]);
-            let mut gate = Gate::adaptive(Adaptive::new(verify.clone()));
-            let (sampling, mut rng) = (Sampling::default(), Rng::seed_from_u64(1));
-            let mut request = Request::new(&sampling, &mut rng, &mut gate, "a".into(), 8, 4);
-            let draft = cascade.draft(&[0, 1], &mut request).unwrap();
-            let got = (draft.len(), calls.load(Ordering::Relaxed));
-            assert_eq!(got, (2, want_calls), "paid: {paid}");
-        }
+        let calls = Arc::new(AtomicUsize::new(0));
+        let part = Scripted {
+            confidences: vec![0.99, 0.99, 0.01, 0.99],
+            at: 0,
+            calls: calls.clone(),
+        };
+        let mut cascade = AdaptiveCascade::new("a", vec![Box::new(part)]);
+        let mut gate = Gate::adaptive(Adaptive::new(verify));
+        let (sampling, mut rng) = (Sampling::default(), Rng::seed_from_u64(1));
+        let mut request = Request::new(&sampling, &mut rng, &mut gate, "a".into(), 8, 4);
+        let draft = cascade.draft(&[0, 1], &mut request).unwrap();
+        assert_eq!((draft.len(), calls.load(Ordering::Relaxed)), (2, 1));
     }
 }

@@ -59,6 +59,10 @@ struct App {
     system: Option<String>,
     metrics: Arc<Metrics>,
     next_id: AtomicU64,
+    /// One request is checked at a time, in the order the handlers asked (tokio's semaphore
+    /// is fair), so requests reach the queue in that order and a burst of long prompts does
+    /// not take every core from the engine.
+    checking: tokio::sync::Semaphore,
 }
 
 /// Serves until SIGINT or SIGTERM; `ready` is called with the bound address.
@@ -80,6 +84,7 @@ pub fn serve(
         system: opts.system.clone(),
         metrics: metrics.clone(),
         next_id: AtomicU64::new(1),
+        checking: tokio::sync::Semaphore::new(1),
     });
     let engine_thread = {
         let (metrics, abort) = (metrics.clone(), abort.clone());
@@ -224,11 +229,15 @@ struct Checked {
 /// thread, so the runtime's one thread goes on streaming every other response meanwhile.
 async fn handle(app: Arc<App>, endpoint: Endpoint, body: Body) -> Response {
     let arrived = Instant::now();
-    let checking = {
+    let checked = {
+        let Ok(_turn) = app.checking.acquire().await else {
+            return ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "the server is stopping")
+                .into_response();
+        };
         let app = app.clone();
-        tokio::task::spawn_blocking(move || check(&app, endpoint, body))
+        tokio::task::spawn_blocking(move || check(&app, endpoint, body)).await
     };
-    match checking.await {
+    match checked {
         Ok(Ok(checked)) => respond(app, endpoint, checked, arrived).await,
         Ok(Err(e)) => e.into_response(),
         Err(e) => ApiError::new(
