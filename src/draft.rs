@@ -360,9 +360,9 @@ pub trait Drafter: Send {
 
     /// The sequence ended, having generated `output` after its prompt (at an end-of-sequence
     /// token, the length limit, a stop string or the context's end; not when the generation
-    /// failed or was cancelled). A drafter that learns across sequences records it here (Max-Gram's history
-    /// file). An error does not lose the output: the engine reports it among the generation's
-    /// warnings.
+    /// failed or was cancelled). A drafter that learns across sequences records it here
+    /// (Max-Gram's history file). An error does not lose the output: the engine reports it
+    /// among the generation's warnings.
     fn finish(&mut self, _output: &[u32]) -> Result<()> {
         Ok(())
     }

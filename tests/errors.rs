@@ -241,29 +241,37 @@ fn unsupported_architecture_is_named_before_the_tokenizer_loads() {
     );
 }
 
-#[test]
-fn an_unsupported_quantization_is_named() {
+/// The load error of a copy of SmolLM2 whose info of tensor `name` (from its u32 dimension
+/// count on, at the offset given) `edit` changed, without the message's file prefix.
+fn tensor_info_error(name: &str, edit: impl FnOnce(&mut [u8], usize)) -> String {
     let mut src = std::fs::read(models_dir().join(SMOLLM2)).unwrap();
-    // Tensor info: name, u32 dimension count, u64 dimensions, u32 type id (Q4_1 is 3).
-    let name = b"blk.0.attn_q.weight";
+    let name = name.as_bytes();
     let at = src.windows(name.len()).position(|w| w == name).unwrap() + name.len();
-    let dims = u32::from_le_bytes(src[at..at + 4].try_into().unwrap()) as usize;
-    let ty = at + 4 + 8 * dims;
-    assert_eq!(src[ty..ty + 4], 3u32.to_le_bytes());
-    src[ty..ty + 4].copy_from_slice(&23u32.to_le_bytes()); // IQ4_XS
+    edit(&mut src, at);
     let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("iq4.gguf");
+    let path = dir.path().join("edited.gguf");
     std::fs::write(&path, &src).unwrap();
     let e = LoadedModel::load(&path, None, &mut |_, _| {})
         .err()
         .unwrap()
         .to_string();
+    let prefix = format!("cannot read GGUF file {}: ", path.display());
+    assert!(e.starts_with(&prefix), "{e}");
+    e[prefix.len()..].to_string()
+}
+
+#[test]
+fn an_unsupported_quantization_is_named() {
+    // Tensor info: name, u32 dimension count, u64 dimensions, u32 type id (Q4_1 is 3).
+    let e = tensor_info_error("blk.0.attn_q.weight", |src, at| {
+        let dims = u32::from_le_bytes(src[at..at + 4].try_into().unwrap()) as usize;
+        let ty = at + 4 + 8 * dims;
+        assert_eq!(src[ty..ty + 4], 3u32.to_le_bytes());
+        src[ty..ty + 4].copy_from_slice(&23u32.to_le_bytes()); // IQ4_XS
+    });
     assert_eq!(
         e,
-        format!(
-            "cannot read GGUF file {}: tensor `blk.0.attn_q.weight` is IQ4_XS, a type cascade cannot read (it reads F32, F16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 and Q2_K to Q6_K)",
-            path.display()
-        )
+        "tensor `blk.0.attn_q.weight` is IQ4_XS, a type cascade cannot read (it reads F32, F16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 and Q2_K to Q6_K)"
     );
 }
 
@@ -271,31 +279,22 @@ fn an_unsupported_quantization_is_named() {
 /// a few bytes that the file holds (it would be read as billions of blocks).
 #[test]
 fn a_tensor_size_that_wraps_around_is_refused() {
-    let mut src = std::fs::read(models_dir().join(SMOLLM2)).unwrap();
-    // Q8_0 [576, 49152]: 576 / 32 blocks of 34 bytes per row, 612 bytes.
-    let name = b"token_embd.weight";
-    let at = src.windows(name.len()).position(|w| w == name).unwrap() + name.len();
-    let dims = at + 4;
-    assert_eq!(
-        src[dims..dims + 16],
-        [576u64.to_le_bytes(), 49152u64.to_le_bytes()].concat()
-    );
-    // 612 x rows wraps to less than 612 bytes; 576 x rows elements still fit in 64 bits.
+    // Q8_0 [576, 49152]: 576 / 32 blocks of 34 bytes per row, 612 bytes. 612 x rows wraps
+    // to less than 612 bytes; 576 x rows elements still fit in 64 bits.
     let rows = (u64::MAX / 612) + 1;
     assert!(rows.checked_mul(576).is_some() && rows.wrapping_mul(612) < 612);
-    src[dims + 8..dims + 16].copy_from_slice(&rows.to_le_bytes());
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("wraps.gguf");
-    std::fs::write(&path, &src).unwrap();
-    let e = LoadedModel::load(&path, None, &mut |_, _| {})
-        .err()
-        .unwrap()
-        .to_string();
+    let e = tensor_info_error("token_embd.weight", |src, at| {
+        let dims = at + 4;
+        assert_eq!(
+            src[dims..dims + 16],
+            [576u64.to_le_bytes(), 49152u64.to_le_bytes()].concat()
+        );
+        src[dims + 8..dims + 16].copy_from_slice(&rows.to_le_bytes());
+    });
     assert_eq!(
         e,
         format!(
-            "cannot read GGUF file {}: tensor `token_embd.weight` has dimensions [576, {rows}]: zero or too many elements",
-            path.display()
+            "tensor `token_embd.weight` has dimensions [576, {rows}]: zero or too many elements"
         )
     );
 }
