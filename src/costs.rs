@@ -131,6 +131,15 @@ impl<'a> From<&'a LoadedModel> for Subject<'a> {
     }
 }
 
+/// A model's name with the size of the trimmed vocabulary it scores, if any: what costs and
+/// forward calls are reported under (`model.gguf (vocabulary 32770)`).
+pub fn subject_label(model: &str, vocabulary: Option<usize>) -> String {
+    match vocabulary {
+        Some(n) => format!("{model} (vocabulary {n})"),
+        None => model.to_string(),
+    }
+}
+
 /// Measured costs, and how much of the CPU the measurement had.
 pub struct Measurement {
     /// Per model, in the order asked.
@@ -493,11 +502,10 @@ impl CostCache {
 
     /// A subject's name in messages: the model file, and its trimmed vocabulary's size.
     pub fn label(subject: Subject) -> String {
-        let name = crate::config::file_label(&subject.model.path);
-        match subject.vocabulary {
-            Some(v) => format!("{name} (vocabulary {})", v.len()),
-            None => name,
-        }
+        subject_label(
+            &crate::config::file_label(&subject.model.path),
+            subject.vocabulary.map(<[u32]>::len),
+        )
     }
 
     /// Writes the cache (to a temporary file first, so an interrupted write loses nothing).

@@ -514,7 +514,8 @@ fn part_cost(
 ) -> Result<PartCost> {
     let linear = |c: f64| (0..=horizon).map(|n| n as f64 * c).collect::<Vec<_>>();
     Ok(match &node.kind {
-        // A trimmed vocabulary is planned at its model's full cost: reports measure files.
+        // A trimmed vocabulary is planned at its model's full cost, an upper bound: the report
+        // names a trimmed cost by the size of its token set, which the plan alone does not know.
         DrafterPlan::Model { model, .. } => {
             let c = linear(m.cost(model)?.0);
             PartCost {

@@ -186,7 +186,7 @@ fn compare_reports_the_speedup_over_autoregressive_decoding_of_the_same_prompt()
     let args = [
         "generate",
         "-c",
-        "configs/max-gram.toml",
+        "configs/adaptive.toml",
         "--no-chat",
         "-n",
         "12",
@@ -205,6 +205,22 @@ fn compare_reports_the_speedup_over_autoregressive_decoding_of_the_same_prompt()
     let costs = &doc["compare"];
     assert_eq!(costs["models"][0]["c_measured"], 1.0, "{costs}");
     assert!(costs["verify_cost"].as_array().unwrap().len() >= 4);
+    // Every model the drafters called has its cost measured, a trimmed vocabulary's own (its
+    // forward skips most of the output projection).
+    let measured: Vec<&str> = costs["models"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["model"].as_str().unwrap())
+        .collect();
+    let small = &doc["samples"][0]["drafter"]["children"][1];
+    assert_eq!(small["name"], "small", "{small}");
+    let label = small["model"].as_str().unwrap();
+    assert!(
+        label.starts_with("qwen2.5-coder-0.5b-instruct-q4_k_m.gguf (vocabulary "),
+        "{label}"
+    );
+    assert!(measured.contains(&label), "{label} not in {measured:?}");
     for key in [
         "swi_params",
         "swi_measured",

@@ -1,18 +1,18 @@
 //! Model costs for a report: measured in the bench's own run, every model side by side.
 
-use crate::config::file_label;
+use crate::config::{Plan, TrimmedModel};
 use crate::costs;
 use crate::error::{Error, Result};
-use crate::model::{LoadedModel, ModelStore};
+use crate::model::ModelStore;
 use serde::{Deserialize, Serialize};
-use std::path::Path;
 
 /// A model's measured cost (JSON `models[]`).
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct ModelCost {
-    /// The model file's name.
+    /// The model file's name, with the size of its trimmed vocabulary if it scores one
+    /// (`model.gguf (vocabulary 32770)`: the name drafters' forward calls are counted under).
     pub model: String,
-    /// Its number of weights.
+    /// The number of weights in its file.
     pub params: usize,
     /// Median one-token decode time after a 64-token context.
     pub decode_ms: f64,
@@ -42,52 +42,70 @@ pub type VerifyCost = Vec<(usize, f64)>;
 /// Repetitions of the measurement in a bench run.
 const REPS: usize = 8;
 
-/// Measures r(k) for the target and the cost coefficient of every other model.
-pub fn measure_costs(
-    target: &LoadedModel,
-    others: &[&LoadedModel],
-) -> Result<(VerifyCost, Vec<ModelCost>)> {
-    let models: Vec<&LoadedModel> = std::iter::once(target)
-        .chain(others.iter().copied())
-        .collect();
-    let subjects: Vec<costs::Subject> = models.iter().map(|&m| m.into()).collect();
+/// Measures r(k) for the target (the first subject) and the cost coefficient of every other
+/// subject: a model, or a model scoring a trimmed vocabulary (named as such).
+pub fn measure_costs(subjects: &[costs::Subject]) -> Result<(VerifyCost, Vec<ModelCost>)> {
     let costs::Measurement {
         costs: measured,
         cpu_share,
-    } = costs::measure(&subjects, REPS)?;
+    } = costs::measure(subjects, REPS)?;
+    let target = subjects[0].model;
     let (t, tp) = (
         measured[0].decode_seconds,
         target.weights.param_count() as f64,
     );
-    let costs: Vec<ModelCost> = models
+    let costs: Vec<ModelCost> = subjects
         .iter()
         .zip(&measured)
-        .map(|(m, c)| ModelCost {
-            model: file_label(&m.path),
-            params: m.weights.param_count(),
+        .map(|(&s, c)| ModelCost {
+            model: costs::CostCache::label(s),
+            params: s.model.weights.param_count(),
             decode_ms: c.decode_seconds * 1e3,
             forward_cost: c.ratios.clone(),
             c_measured: c.decode_seconds / t,
-            c_params: m.weights.param_count() as f64 / tp,
+            c_params: s.model.weights.param_count() as f64 / tp,
             cpu_share,
         })
         .collect();
     Ok((costs[0].forward_cost.clone(), costs))
 }
 
-/// [`measure_costs`] for the models of `store`, the one at `target` being the target.
+/// [`measure_costs`] for the models of `store`, where `plans` were built: the first plan's
+/// target, every other model, and every drafter's trimmed vocabulary.
 pub fn measure_store_costs(
     store: &ModelStore,
-    target: &Path,
+    plans: &[&Plan],
 ) -> Result<(VerifyCost, Vec<ModelCost>)> {
+    let target = &plans
+        .first()
+        .ok_or_else(|| Error::config("bench", "no config to measure the models of"))?
+        .target
+        .path;
     let loaded: Vec<_> = store.loaded().collect();
-    let (t, others): (Vec<_>, Vec<_>) = loaded.into_iter().partition(|m| m.path == target);
+    let (t, others): (Vec<_>, Vec<_>) = loaded.into_iter().partition(|m| &m.path == target);
     let t = t.first().ok_or_else(|| {
         Error::config(
             target.display().to_string(),
             "the target model was not loaded",
         )
     })?;
-    let others: Vec<&LoadedModel> = others.into_iter().map(|m| m.as_ref()).collect();
-    measure_costs(t, &others)
+    let mut trimmed: Vec<TrimmedModel> = Vec::new();
+    for plan in plans {
+        for (model, tokens) in plan.trimmed_vocabularies(store)? {
+            if !trimmed
+                .iter()
+                .any(|(m, v)| m.path == model.path && *v == tokens)
+            {
+                trimmed.push((model, tokens));
+            }
+        }
+    }
+    let subjects: Vec<costs::Subject> = std::iter::once(t.as_ref().into())
+        .chain(others.into_iter().map(|m| m.as_ref().into()))
+        .chain(trimmed.iter().map(|(m, v)| costs::Subject {
+            model: m,
+            vocabulary: Some(v),
+        }))
+        .collect();
+    measure_costs(&subjects)
 }

@@ -405,7 +405,7 @@ pub fn compare(
         });
     engine.drafter = drafter;
     outcome?;
-    let (verify_cost, models) = measure_store_costs(store, &plan.target.path)?;
+    let (verify_cost, models) = measure_store_costs(store, &[plan])?;
     let k_of = |l: &str| if l == label { plan.options.k } else { 0 };
     let summary = summarize(&records, &models, &verify_cost, &k_of)
         .into_iter()

@@ -171,7 +171,8 @@ pub fn bench_command(args: BenchArgs) -> Result<Report> {
         );
     }
     eprintln!("measuring every model's forward costs, side by side");
-    let (verify_cost, models) = bench::measure_store_costs(&store, &configs[0].plan.target.path)?;
+    let (verify_cost, models) =
+        bench::measure_store_costs(&store, &configs.iter().map(|c| &c.plan).collect::<Vec<_>>())?;
     let k_of = |label: &str| {
         configs
             .iter()
@@ -298,7 +299,7 @@ pub fn calibrate(args: CalibrateArgs) -> Result<()> {
     let mut store = ModelStore::default();
     let mut models = Vec::new();
     // Drafters with a trimmed vocabulary: their model and the tokens they score.
-    let mut trimmed: Vec<(Arc<cascade::model::LoadedModel>, Arc<[u32]>)> = Vec::new();
+    let mut trimmed: Vec<cascade::config::TrimmedModel> = Vec::new();
     for path in &args.configs {
         let plan = load_plan(path, &RawConfig::load(path)?)?;
         for m in plan.models() {
@@ -316,11 +317,7 @@ pub fn calibrate(args: CalibrateArgs) -> Result<()> {
                 models.push(loaded);
             }
         }
-        for (name, m, v) in plan.trimmed() {
-            let model = store.load(&m.path, m.tokenizer.as_deref(), &mut |_, _| {})?;
-            let table = cascade::ngram::BigramTable::load(&v.table)?;
-            table.check_tokenizer(&model.tokenizer, &v.table)?;
-            let tokens = cascade::config::trimmed_tokens(v, &model, &table, name)?;
+        for (model, tokens) in plan.trimmed_vocabularies(&store)? {
             if !trimmed
                 .iter()
                 .any(|(x, t)| x.path == model.path && *t == tokens)

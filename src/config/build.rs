@@ -58,6 +58,32 @@ impl Plan {
     }
 }
 
+/// A model and the trimmed vocabulary a drafter scores with it (the tokens always scored).
+pub type TrimmedModel = (Arc<LoadedModel>, Arc<[u32]>);
+
+impl Plan {
+    /// Every drafter with a trimmed vocabulary as a cost subject: its model, found in `store`
+    /// (where building the plan loaded it), and the tokens it always scores.
+    pub fn trimmed_vocabularies(&self, store: &ModelStore) -> Result<Vec<TrimmedModel>> {
+        self.trimmed()
+            .into_iter()
+            .map(|(name, m, v)| {
+                let model = store
+                    .loaded()
+                    .find(|x| x.path == m.path)
+                    .cloned()
+                    .ok_or_else(|| {
+                        Error::config(m.path.display().to_string(), "the model was not loaded")
+                    })?;
+                let table = BigramTable::load(&v.table)?;
+                table.check_tokenizer(&model.tokenizer, &v.table)?;
+                let tokens = trimmed_tokens(v, &model, &table, name)?;
+                Ok((model, tokens))
+            })
+            .collect()
+    }
+}
+
 /// A model's file name, which names its instances (in messages and per-model counters).
 pub fn file_label(path: &Path) -> String {
     path.file_name()

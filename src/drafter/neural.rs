@@ -138,7 +138,10 @@ impl Drafter for NeuralDrafter {
 
     fn stats(&self) -> NodeStats {
         NodeStats {
-            model: Some(self.model.model().name().to_string()),
+            model: Some(crate::costs::subject_label(
+                self.model.model().name(),
+                self.vocabulary.as_ref().map(|v| v.len()),
+            )),
             forward_calls: self.model.calls,
             ..NodeStats::new(&self.name, NodeKind::Model)
         }
