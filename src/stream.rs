@@ -95,6 +95,8 @@ impl<'a> TextStream<'a> {
         match matcher.find(&self.text[from..]) {
             Some(m) => {
                 self.text.truncate(from + m.start());
+                // Tokens still pending come after the stop string: none of them is text.
+                self.read = self.ids.len();
                 Ok(true)
             }
             None => Ok(false),

@@ -120,6 +120,41 @@ fn rollback_then_refeed_equals_a_fresh_forward() {
     }
 }
 
+/// A forward or prefill that fails (here on a token outside the vocabulary, in the second chunk
+/// of a long prompt) leaves the cache as it was, so the next forward is a fresh model's.
+#[test]
+fn a_failed_forward_leaves_the_cache_as_it_was() {
+    let _s = serial();
+    let model = real(SMOLLM2);
+    let vocab = model.weights.vocab_size() as u32;
+    let prompt: Vec<u32> = (0..300).map(|i| 100 + i % 50).collect();
+    let mut bad = prompt.clone();
+    bad.push(vocab);
+    let mut m = model.instance("m", None);
+    m.prefill(&prompt[..10]).unwrap();
+    for _ in 0..2 {
+        assert!(m.prefill(&bad).is_err());
+        assert_eq!(m.len(), 10);
+        assert!(m.forward(&bad[290..]).is_err());
+        assert_eq!(m.len(), 10);
+    }
+    assert_eq!(m.forward(&[]).unwrap().rows(), 0);
+    assert_eq!(m.len(), 10);
+    let after = m.forward(&prompt[10..20]).unwrap();
+    let fresh = model
+        .instance("fresh", None)
+        .forward(&prompt[..20])
+        .unwrap();
+    for i in 0..10 {
+        assert!(after.row(i) == fresh.row(10 + i), "position {i} differs");
+    }
+    let err = m.restrict_vocabulary(Some(&[])).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "m: cannot score an empty vocabulary: give at least one token"
+    );
+}
+
 #[test]
 fn greedy_speculative_output_equals_autoregressive_output() {
     let _s = serial();
@@ -718,6 +753,38 @@ fn a_stream_holds_back_at_most_a_few_tokens() {
         streamed += s.take_final(true);
         assert_eq!(streamed, "é h", "after {controls} control tokens");
     }
+    // A stop string found by an early release of invalid bytes ends the text there, though
+    // tokens after it were pending: here the stop string ends in a token that also begins a
+    // character, control tokens follow, then a byte that cannot continue that character.
+    let (tail, letters) = (0..t.vocab_size() as u32)
+        .find_map(|id| {
+            let text = t.decode(&[id]).ok()?;
+            let letters = text.strip_suffix('\u{FFFD}')?;
+            (!letters.is_empty() && !letters.contains('\u{FFFD}'))
+                .then(|| (id, letters.to_string()))
+        })
+        .expect("a token of text and a lead byte");
+    let broken = format!("{letters}\u{FFFD}\u{FFFD}");
+    let lead = *strays
+        .iter()
+        .find(|&&b| t.decode(&[tail, b]).unwrap() == broken)
+        .expect("a byte that does not continue the character");
+    let mut ids = t.encode_plain("x").unwrap();
+    ids.push(tail);
+    ids.extend([control[0]; 7]);
+    ids.push(lead);
+    let stop = [letters];
+    let mut s = TextStream::new(t, &stop).unwrap();
+    let mut streamed = String::new();
+    for &id in &ids {
+        let stopped = s.push(id).unwrap();
+        streamed += s.take_final(false);
+        if stopped {
+            break;
+        }
+    }
+    streamed += s.take_final(true);
+    assert_eq!(streamed, "x");
 }
 
 /// A chat template renders as Hugging Face renders it: blocks trimmed (`trim_blocks`,

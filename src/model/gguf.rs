@@ -102,7 +102,8 @@ impl<'a> GgufFile<'a> {
         })
     }
 
-    fn bad(&self, reason: String) -> Error {
+    /// A [`Error::BadModelFile`] naming this file.
+    pub(crate) fn bad(&self, reason: String) -> Error {
         Error::BadModelFile {
             path: self.path.clone(),
             reason,

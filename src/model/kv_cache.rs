@@ -42,24 +42,36 @@ impl KvCache {
         (&self.keys[layer], &self.values[layer])
     }
 
-    /// Keeps only the first `len` positions (no-op if `len >= self.len()`).
+    /// Keeps only the first `len` positions (all of them if `len >= self.len()`), and drops
+    /// the rows appended since the last [`KvCache::commit`] (a forward pass that failed or
+    /// panicked between the two).
     pub fn truncate(&mut self, len: usize) {
-        if len >= self.len {
-            return;
-        }
+        self.len = self.len.min(len);
         for (k, v) in self.keys.iter_mut().zip(self.values.iter_mut()) {
-            k.truncate(len * self.row);
-            v.truncate(len * self.row);
+            k.truncate(self.len * self.row);
+            v.truncate(self.len * self.row);
         }
-        self.len = len;
     }
+}
 
-    /// Drops any rows appended by a forward pass that failed before [`KvCache::commit`].
-    pub fn discard_uncommitted(&mut self) {
-        let len = self.len * self.row;
-        for (k, v) in self.keys.iter_mut().zip(self.values.iter_mut()) {
-            k.truncate(len);
-            v.truncate(len);
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn truncating_drops_rows_appended_but_not_committed() {
+        let mut cache = KvCache::new(2, 1, 2);
+        // A forward pass that failed after layer 0 appended, at length 0 and at length 1.
+        for committed in [0, 1] {
+            cache.append(0, &[9.0; 2], &[9.0; 2]);
+            cache.truncate(committed);
+            assert_eq!(cache.len(), committed);
+            assert_eq!(cache.layer(0).0.len(), committed * 2);
+            cache.append(0, &[1.0; 2], &[1.0; 2]);
+            cache.append(1, &[1.0; 2], &[1.0; 2]);
+            cache.commit(1);
+            assert_eq!(cache.layer(0).0, &[1.0; 2].repeat(committed + 1)[..]);
+            assert_eq!(cache.layer(0).1.len(), cache.layer(1).1.len());
         }
     }
 }

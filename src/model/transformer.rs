@@ -141,6 +141,14 @@ impl Config {
         if head_dim % 2 != 0 {
             return Err(bad(format!("head dimension {head_dim} is odd")));
         }
+        if f.get(&key("rope.dimension_count")).is_some()
+            && ranged("rope.dimension_count", 1 << 12)? != head_dim
+        {
+            return Err(bad(format!(
+                "RoPE rotates part of each head only (metadata `{}`), which is not supported",
+                key("rope.dimension_count")
+            )));
+        }
         if f.get(&key("attention.value_length")).is_some()
             && ranged("attention.value_length", 1 << 12)? != head_dim
         {
@@ -201,8 +209,13 @@ impl Config {
                 _ => 1.0 / (head_dim as f32).sqrt(),
             },
             rope_scale: match f.string(&key("rope.scaling.type")).ok().as_deref() {
+                None | Some("none") => 1.0,
                 Some("linear") => 1.0 / positive("rope.scaling.factor", 1.0)?,
-                _ => 1.0,
+                Some(other) => {
+                    return Err(bad(format!(
+                        "RoPE scaling `{other}` is not supported (only `linear`)"
+                    )))
+                }
             },
             arch,
         })
@@ -333,7 +346,19 @@ impl Weights {
                 .map(|i| scale / base.powf(2.0 * i as f32 / hd as f32))
                 .collect()
         };
-        let inv_freq = frequencies(config.rope_base, config.rope_scale);
+        let mut inv_freq = frequencies(config.rope_base, config.rope_scale);
+        // Llama 3's long-context RoPE: a divisor per frequency, slowing the low ones.
+        if f.has_tensor("rope_freqs.weight") {
+            let divisors = f.tensor("rope_freqs.weight", &[inv_freq.len()], kernels)?;
+            for (v, d) in inv_freq.iter_mut().zip(divisors.to_vec()) {
+                if !(d.is_finite() && d > 0.0) {
+                    return Err(f.bad(format!(
+                        "tensor `rope_freqs.weight` holds {d}, expected positive RoPE frequency divisors"
+                    )));
+                }
+                *v /= d;
+            }
+        }
         let inv_freq_sliding = match config.sliding {
             Some((_, base)) => frequencies(base, 1.0),
             None => inv_freq.clone(),
@@ -401,6 +426,31 @@ impl Transformer {
         }
     }
 
+    /// [`Model::forward`]'s work: the layers, then the output projection over the whole
+    /// vocabulary or the trimmed one.
+    fn logits(&mut self, tokens: &[u32]) -> Result<Logits> {
+        let hidden = self.hidden(tokens)?;
+        let w = &*self.weights;
+        let vocab = w.vocab_size();
+        if tokens.is_empty() {
+            return Ok(Logits::new(Vec::new(), vocab));
+        }
+        let Some((out, ids)) = &self.trimmed else {
+            let mut data = vec![0f32; tokens.len() * vocab];
+            time(Section::Output, || w.output().matmul(&hidden, &mut data))?;
+            return Ok(Logits::new(data, vocab));
+        };
+        let mut some = vec![0f32; tokens.len() * ids.len()];
+        time(Section::Output, || out.matmul(&hidden, &mut some))?;
+        let mut data = vec![f32::NEG_INFINITY; tokens.len() * vocab];
+        for (row, logits) in data.chunks_mut(vocab).zip(some.chunks(ids.len())) {
+            for (&t, &l) in ids.iter().zip(logits) {
+                row[t as usize] = l;
+            }
+        }
+        Ok(Logits::new(data, vocab))
+    }
+
     /// Runs the layers over `tokens` at the next positions; returns the final hidden rows.
     fn hidden(&mut self, tokens: &[u32]) -> Result<Vec<f32>> {
         let w = &*self.weights;
@@ -413,6 +463,10 @@ impl Transformer {
                 prompt: pos0 + m,
                 context: self.max_len,
             });
+        }
+        if m == 0 {
+            // Nothing to attend from (and no work to split between threads).
+            return Ok(Vec::new());
         }
         let vocab = w.embeddings.rows();
         let mut x = vec![0f32; m * d];
@@ -505,31 +559,22 @@ impl Model for Transformer {
     }
 
     fn forward(&mut self, tokens: &[u32]) -> Result<Logits> {
-        let hidden = self
-            .hidden(tokens)
-            .inspect_err(|_| self.cache.discard_uncommitted())?;
-        let w = &*self.weights;
-        let vocab = w.vocab_size();
-        let Some((out, ids)) = &self.trimmed else {
-            let mut data = vec![0f32; tokens.len() * vocab];
-            time(Section::Output, || w.output().matmul(&hidden, &mut data))?;
-            return Ok(Logits::new(data, vocab));
-        };
-        let mut some = vec![0f32; tokens.len() * ids.len()];
-        time(Section::Output, || out.matmul(&hidden, &mut some))?;
-        let mut data = vec![f32::NEG_INFINITY; tokens.len() * vocab];
-        for (row, logits) in data.chunks_mut(vocab).zip(some.chunks(ids.len())) {
-            for (&t, &l) in ids.iter().zip(logits) {
-                row[t as usize] = l;
-            }
-        }
-        Ok(Logits::new(data, vocab))
+        // A failure anywhere, the output projection included, leaves the cache as it was.
+        let start = self.cache.len();
+        self.logits(tokens)
+            .inspect_err(|_| self.cache.truncate(start))
     }
 
     fn restrict_vocabulary(&mut self, tokens: Option<&[u32]>) -> Result<()> {
         let vocab = self.weights.vocab_size();
         self.trimmed = match tokens {
             None => None,
+            Some([]) => {
+                return Err(Error::config(
+                    &self.name,
+                    "cannot score an empty vocabulary: give at least one token",
+                ))
+            }
             Some(ids) => {
                 if let Some(&t) = ids.iter().find(|&&t| t as usize >= vocab) {
                     return Err(Error::config(
@@ -545,12 +590,12 @@ impl Model for Transformer {
     }
 
     fn prefill(&mut self, tokens: &[u32]) -> Result<()> {
-        // Rows are independent, so chunking changes nothing.
-        for chunk in tokens.chunks(super::PREFILL_CHUNK) {
-            self.hidden(chunk)
-                .inspect_err(|_| self.cache.discard_uncommitted())?;
-        }
-        Ok(())
+        // Rows are independent, so chunking changes nothing; a failed chunk undoes the others.
+        let start = self.cache.len();
+        tokens
+            .chunks(super::PREFILL_CHUNK)
+            .try_for_each(|chunk| self.hidden(chunk).map(drop))
+            .inspect_err(|_| self.cache.truncate(start))
     }
 
     fn len(&self) -> usize {
@@ -656,5 +701,160 @@ fn rope(
                 head[b] = x0 * sin + x1 * cos;
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Cursor;
+    use std::path::Path;
+
+    /// A metadata value of a test GGUF file.
+    enum Meta {
+        U32(u32),
+        Str(&'static str),
+        F32(f32),
+    }
+
+    /// A GGUF file (version 3, F32 tensors) of a tiny llama model with random weights: hidden
+    /// 32, 4 heads of 8, one layer, 16 tokens; plus `meta` and `extra` tensors.
+    fn tiny_llama(meta: &[(&str, Meta)], extra: &[(&str, Vec<f32>)]) -> Vec<u8> {
+        let (d, vocab) = (32usize, 16usize);
+        let mut rng = 1u64;
+        let mut random = |n: usize| -> Vec<f32> {
+            (0..n)
+                .map(|_| {
+                    rng = rng
+                        .wrapping_mul(6364136223846793005)
+                        .wrapping_add(1442695040888963407);
+                    (rng >> 40) as f32 / (1u64 << 24) as f32 - 0.5
+                })
+                .collect()
+        };
+        let mut tensors: Vec<(String, Vec<usize>, Vec<f32>)> = vec![
+            (
+                "token_embd.weight".into(),
+                vec![vocab, d],
+                random(vocab * d),
+            ),
+            ("output_norm.weight".into(), vec![d], vec![1.0; d]),
+        ];
+        for t in ["attn_norm", "ffn_norm"] {
+            tensors.push((format!("blk.0.{t}.weight"), vec![d], vec![1.0; d]));
+        }
+        for t in [
+            "attn_q",
+            "attn_k",
+            "attn_v",
+            "attn_output",
+            "ffn_gate",
+            "ffn_up",
+            "ffn_down",
+        ] {
+            tensors.push((format!("blk.0.{t}.weight"), vec![d, d], random(d * d)));
+        }
+        for (name, data) in extra {
+            tensors.push((name.to_string(), vec![data.len()], data.clone()));
+        }
+        let base = [
+            ("general.architecture", Meta::Str("llama")),
+            ("llama.embedding_length", Meta::U32(d as u32)),
+            ("llama.attention.head_count", Meta::U32(4)),
+            ("llama.block_count", Meta::U32(1)),
+            ("llama.feed_forward_length", Meta::U32(d as u32)),
+            ("llama.context_length", Meta::U32(64)),
+        ];
+        let string = |out: &mut Vec<u8>, s: &str| {
+            out.extend((s.len() as u64).to_le_bytes());
+            out.extend(s.as_bytes());
+        };
+        let mut out = b"GGUF".to_vec();
+        out.extend(3u32.to_le_bytes());
+        out.extend((tensors.len() as u64).to_le_bytes());
+        out.extend(((base.len() + meta.len()) as u64).to_le_bytes());
+        for (key, value) in base.iter().chain(meta) {
+            string(&mut out, key);
+            match value {
+                Meta::U32(v) => out.extend(4u32.to_le_bytes().into_iter().chain(v.to_le_bytes())),
+                Meta::F32(v) => out.extend(6u32.to_le_bytes().into_iter().chain(v.to_le_bytes())),
+                Meta::Str(s) => {
+                    out.extend(8u32.to_le_bytes());
+                    string(&mut out, s);
+                }
+            }
+        }
+        let mut offset = 0u64;
+        for (name, shape, data) in &tensors {
+            string(&mut out, name);
+            out.extend((shape.len() as u32).to_le_bytes());
+            shape
+                .iter()
+                .rev()
+                .for_each(|&n| out.extend((n as u64).to_le_bytes()));
+            out.extend(0u32.to_le_bytes()); // F32
+            out.extend(offset.to_le_bytes());
+            offset += (data.len() as u64 * 4).div_ceil(32) * 32;
+        }
+        for (_, _, data) in &tensors {
+            out.resize(out.len().div_ceil(32) * 32, 0);
+            data.iter().for_each(|v| out.extend(v.to_le_bytes()));
+        }
+        out
+    }
+
+    fn load(file: Vec<u8>) -> Result<Transformer> {
+        let mut f = GgufFile::from_reader(Path::new("tiny.gguf"), Cursor::new(file))?;
+        let weights = Weights::load(&mut f, Kernels::detect()?, |_, _| {})?;
+        Ok(Transformer::new("tiny", Arc::new(weights), None))
+    }
+
+    fn logits(file: Vec<u8>) -> Vec<f32> {
+        let tokens = [1, 5, 9, 2, 14, 7];
+        let logits = load(file).unwrap().forward(&tokens).unwrap();
+        (0..tokens.len())
+            .flat_map(|i| logits.row(i).to_vec())
+            .collect()
+    }
+
+    /// Llama 3's per-frequency RoPE divisors (`rope_freqs.weight`) are applied: divisors of 2
+    /// everywhere rotate exactly as linear scaling by 2 does.
+    #[test]
+    fn rope_frequency_divisors_are_applied() {
+        let plain = logits(tiny_llama(&[], &[]));
+        let linear = logits(tiny_llama(
+            &[
+                ("llama.rope.scaling.type", Meta::Str("linear")),
+                ("llama.rope.scaling.factor", Meta::F32(2.0)),
+            ],
+            &[],
+        ));
+        let divided = logits(tiny_llama(&[], &[("rope_freqs.weight", vec![2.0; 4])]));
+        assert!(
+            plain != linear,
+            "scaling must change the logits to test anything"
+        );
+        assert!(divided == linear);
+    }
+
+    #[test]
+    fn unsupported_rope_variants_are_refused() {
+        let error = |meta| load(tiny_llama(&[meta], &[])).err().unwrap().to_string();
+        assert_eq!(
+            error(("llama.rope.scaling.type", Meta::Str("yarn"))),
+            "cannot read GGUF file tiny.gguf: RoPE scaling `yarn` is not supported (only `linear`)"
+        );
+        assert_eq!(
+            error(("llama.rope.dimension_count", Meta::U32(4))),
+            "cannot read GGUF file tiny.gguf: RoPE rotates part of each head only (metadata `llama.rope.dimension_count`), which is not supported"
+        );
+        let divisors = load(tiny_llama(
+            &[],
+            &[("rope_freqs.weight", vec![1.0, 0.0, 2.0, 1.0])],
+        ));
+        assert_eq!(
+            divisors.err().unwrap().to_string(),
+            "cannot read GGUF file tiny.gguf: tensor `rope_freqs.weight` holds 0, expected positive RoPE frequency divisors"
+        );
     }
 }
