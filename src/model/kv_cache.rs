@@ -1,5 +1,8 @@
 //! Per-layer key/value cache: rows appended as tokens are fed, rollback by shortening.
 
+/// Positions whose rows a cache keeps allocated however short its sequence gets.
+const KEEP_POSITIONS: usize = 4096;
+
 /// Keys and values for every layer, laid out `[position][kv_head][head_dim]` so that feeding
 /// tokens appends and rolling back after a rejected draft is a truncation, never a copy.
 pub struct KvCache {
@@ -47,9 +50,14 @@ impl KvCache {
     /// panicked between the two).
     pub fn truncate(&mut self, len: usize) {
         self.len = self.len.min(len);
-        for (k, v) in self.keys.iter_mut().zip(self.values.iter_mut()) {
-            k.truncate(self.len * self.row);
-            v.truncate(self.len * self.row);
+        let kept = self.len * self.row;
+        // After a long sequence, a short one returns the memory (a rollback never does).
+        let spare = (2 * self.len).max(KEEP_POSITIONS) * self.row;
+        for v in self.keys.iter_mut().chain(self.values.iter_mut()) {
+            v.truncate(kept);
+            if v.capacity() > 2 * spare {
+                v.shrink_to(spare);
+            }
         }
     }
 }
@@ -73,5 +81,20 @@ mod tests {
             assert_eq!(cache.layer(0).0, &[1.0; 2].repeat(committed + 1)[..]);
             assert_eq!(cache.layer(0).1.len(), cache.layer(1).1.len());
         }
+    }
+
+    #[test]
+    fn a_short_sequence_after_a_long_one_returns_the_memory() {
+        let mut cache = KvCache::new(1, 1, 2);
+        let long = 10 * KEEP_POSITIONS;
+        cache.append(0, &vec![1.0; 2 * long], &vec![1.0; 2 * long]);
+        cache.commit(long);
+        // A rollback keeps the allocation; a new short sequence does not.
+        cache.truncate(long - 5);
+        assert!(cache.keys[0].capacity() >= 2 * long);
+        cache.truncate(10);
+        assert_eq!(cache.layer(0).0, &[1.0; 20][..]);
+        assert!(cache.keys[0].capacity() <= 2 * KEEP_POSITIONS);
+        assert!(cache.values[0].capacity() <= 2 * KEEP_POSITIONS);
     }
 }
