@@ -787,6 +787,30 @@ fn a_stream_holds_back_at_most_a_few_tokens() {
     assert_eq!(streamed, "x");
 }
 
+/// A GGUF naming Llama 3's pre-tokenizer as llama.cpp does (`llama-bpe`) splits text as Llama 3
+/// does (candle's `llama3` pipeline), not as GPT-2 does: here on SmolLM2's vocabulary, with
+/// only the name edited.
+#[test]
+fn llama_3_pre_tokenizer_is_recognized_by_llama_cpp_name() {
+    use candle_core::quantized::gguf_file::Value;
+    let encode_as = |pre: &str| {
+        let mut gguf =
+            cascade::model::gguf::GgufFile::open(&common::models_dir().join(SMOLLM2)).unwrap();
+        gguf.content
+            .metadata
+            .insert("tokenizer.ggml.pre".into(), Value::String(pre.into()));
+        let t = cascade::tokenizer::Tokenizer::load(&gguf, None).unwrap();
+        t.encode_plain("x=(hello) IT'S 12345;\n\n\tdone").unwrap()
+    };
+    let (llama_bpe, llama3, gpt2) = (
+        encode_as("llama-bpe"),
+        encode_as("llama3"),
+        encode_as("gpt2"),
+    );
+    assert_eq!(llama_bpe, llama3);
+    assert_ne!(llama3, gpt2, "the sample must tell the two splits apart");
+}
+
 /// A chat template renders as Hugging Face renders it: blocks trimmed (`trim_blocks`,
 /// `lstrip_blocks`), Python's string methods, and the GGUF's `bos_token` and `eos_token`. The
 /// expected text is Jinja2's (3.1) for the same template and messages, with the settings

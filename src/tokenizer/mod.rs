@@ -4,6 +4,7 @@ mod sentencepiece;
 
 use crate::error::{Error, Result};
 use crate::model::gguf::GgufFile;
+use candle_core::quantized::gguf_file::{Content, Value};
 use candle_core::quantized::tokenizer::TokenizerFromGguf;
 use std::hash::Hasher;
 use std::path::Path;
@@ -49,7 +50,12 @@ impl Tokenizer {
             None if gguf.string("tokenizer.ggml.model").ok().as_deref() == Some("llama") => {
                 sentencepiece::from_gguf(gguf)?
             }
-            None => tokenizers::Tokenizer::from_gguf(&gguf.content).map_err(|e| {
+            None => tokenizers::Tokenizer::from_gguf(
+                pre_tokenizer_renamed(gguf)
+                    .as_ref()
+                    .unwrap_or(&gguf.content),
+            )
+            .map_err(|e| {
                 Error::Tokenizer(format!(
                     "cannot load {}: {}",
                     gguf.path.display(),
@@ -211,6 +217,25 @@ impl Tokenizer {
 }
 
 /// The ids a GGUF marks user-defined (sorted).
+/// The GGUF's metadata with llama.cpp's name of Llama 3's pre-tokenizer (`llama-bpe`) given
+/// as candle knows it (`llama3`), if it has that name: candle would split the text as GPT-2
+/// does, and Llama 3.x prompts would come out as other tokens than Hugging Face's.
+fn pre_tokenizer_renamed(gguf: &GgufFile<'_>) -> Option<Content> {
+    const KEY: &str = "tokenizer.ggml.pre";
+    if gguf.string(KEY).ok().as_deref() != Some("llama-bpe") {
+        return None;
+    }
+    let c = &gguf.content;
+    let mut metadata = c.metadata.clone();
+    metadata.insert(KEY.into(), Value::String("llama3".into()));
+    Some(Content {
+        magic: c.magic,
+        metadata,
+        tensor_infos: Default::default(),
+        tensor_data_offset: c.tensor_data_offset,
+    })
+}
+
 fn user_defined(gguf: &GgufFile<'_>) -> Vec<u32> {
     match gguf.get("tokenizer.ggml.token_type") {
         Some(candle_core::quantized::gguf_file::Value::Array(types)) => (0u32..)
