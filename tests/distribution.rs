@@ -1,10 +1,12 @@
 //! Speculative sampling reproduces the target's distribution exactly.
 //!
-//! On synthetic models with exactly computable distributions, the first two generated tokens
-//! are sampled many times with speculative decoding and compared with the target's exact
-//! joint distribution by a chi-square test. Each test's false-alarm rate is 1e-4 (critical
-//! value from the Wilson-Hilferty approximation); seeds are fixed, so results are stable.
-//! A reviewer that skips the residual must fail the same test.
+//! On synthetic models with exactly computable distributions, generations are sampled many
+//! times with speculative decoding, and each pair of successive tokens through the first round
+//! (its K drafted positions and the bonus or recovered token) and into the next is compared
+//! with the target's exact joint distribution by a chi-square test. Each test's false-alarm
+//! rate is 1e-4 over all its pairs (Bonferroni; critical values from the Wilson-Hilferty
+//! approximation); seeds are fixed, so results are stable. Broken review rules (no residual,
+//! the bonus or the residual from the wrong row, p and q swapped) must fail the same test.
 
 mod common;
 
@@ -27,8 +29,8 @@ use std::sync::Arc;
 const VOCAB: usize = 6;
 const SAMPLES: u64 = 20_000;
 const PROMPT: [u32; 3] = [1, 4, 2];
-/// Standard normal quantile for a one-sided false-alarm rate of 1e-4.
-const Z: f64 = 3.719;
+/// Each test's false-alarm rate, over all the pairs it compares.
+const FALSE_ALARM: f64 = 1e-4;
 
 fn target() -> ToyModel {
     ToyModel::new(11, VOCAB, 3.0)
@@ -38,21 +40,56 @@ fn drafter() -> ToyModel {
     ToyModel::new(22, VOCAB, 4.0)
 }
 
-/// Exact probability of each (first, second) token pair under the target.
-fn exact(s: &Sampling) -> Vec<f64> {
+/// Exact probability of each pair of successive generated tokens (j, j + 1) under the
+/// target, for j in 0..=k: row `a * VOCAB + b` of entry j is P(token j = a, token j + 1 = b).
+fn exact(s: &Sampling, k: usize) -> Vec<Vec<f64>> {
     let t = target();
-    let dense = |ctx: &[u32]| s.distribution(&t.logits_after(ctx)).to_dense(VOCAB);
-    let p1 = dense(&PROMPT);
-    let mut cells = vec![0f64; VOCAB * VOCAB];
-    for a in 0..VOCAB {
+    // The toy target's next token depends on the token before it and on its position only,
+    // so each token's marginal follows from the one before (a Markov chain).
+    let next = |prev: u32, j: usize| -> Vec<f32> {
         let mut ctx = PROMPT.to_vec();
-        ctx.push(a as u32);
-        let p2 = dense(&ctx);
-        for b in 0..VOCAB {
-            cells[a * VOCAB + b] = p1[a] as f64 * p2[b] as f64;
+        ctx.extend(std::iter::repeat_n(prev, j));
+        s.distribution(&t.logits_after(&ctx)).to_dense(VOCAB)
+    };
+    let mut marginal: Vec<f64> = next(PROMPT[PROMPT.len() - 1], 0)
+        .iter()
+        .map(|&p| p as f64)
+        .collect();
+    let mut pairs = Vec::new();
+    for j in 0..=k {
+        let mut cells = vec![0f64; VOCAB * VOCAB];
+        for a in 0..VOCAB {
+            for (b, &p) in next(a as u32, j + 1).iter().enumerate() {
+                cells[a * VOCAB + b] = marginal[a] * p as f64;
+            }
         }
+        marginal = (0..VOCAB)
+            .map(|b| (0..VOCAB).map(|a| cells[a * VOCAB + b]).sum())
+            .collect();
+        pairs.push(cells);
     }
-    cells
+    pairs
+}
+
+/// Counts of each pair of successive tokens (j, j + 1), j in 0..=k, as [`exact`] lays them out.
+type Counts = Vec<Vec<u64>>;
+
+/// Adds `tokens`' pairs to `counts`.
+fn count_pairs(counts: &mut Counts, tokens: &[u32]) {
+    for (j, c) in counts.iter_mut().enumerate() {
+        c[tokens[j] as usize * VOCAB + tokens[j + 1] as usize] += 1;
+    }
+}
+
+/// Options generating k + 2 tokens, so that the first round drafts all k positions and the
+/// pairs reach into the second round.
+fn options(s: &Sampling, k: usize) -> GenerateOptions {
+    GenerateOptions {
+        max_new_tokens: k + 2,
+        sampling: *s,
+        k,
+        ..Default::default()
+    }
 }
 
 fn engine(reviewer: Option<cascade::reviewer::ReviewRule>) -> Engine {
@@ -70,26 +107,20 @@ fn engine_with(d: Box<dyn Drafter>, reviewer: Option<cascade::reviewer::ReviewRu
     }
 }
 
-/// Counts of (first, second) pairs over `SAMPLES` seeds, drafting `k` tokens per call.
-fn sampled(s: &Sampling, k: usize, reviewer: Option<cascade::reviewer::ReviewRule>) -> Vec<u64> {
+/// Pair counts over `SAMPLES` seeds, drafting `k` tokens per call.
+fn sampled(s: &Sampling, k: usize, reviewer: Option<cascade::reviewer::ReviewRule>) -> Counts {
     sampled_with(&mut engine(reviewer), s, k, (0.2, 0.9))
 }
 
 /// The same with any engine; `acceptance` bounds the acceptance rate for the test to mean much.
-fn sampled_with(e: &mut Engine, s: &Sampling, k: usize, acceptance: (f64, f64)) -> Vec<u64> {
-    let mut counts = vec![0u64; VOCAB * VOCAB];
+fn sampled_with(e: &mut Engine, s: &Sampling, k: usize, acceptance: (f64, f64)) -> Counts {
+    let mut counts = vec![vec![0u64; VOCAB * VOCAB]; k + 1];
     let (mut drafted, mut accepted) = (0, 0);
-    // Generate k + 1 tokens so the first round drafts all k positions.
-    let mut opts = GenerateOptions {
-        max_new_tokens: k + 1,
-        sampling: *s,
-        k,
-        ..Default::default()
-    };
+    let mut opts = options(s, k);
     for seed in 0..SAMPLES {
         opts.seed = seed;
         let out = e.generate(&PROMPT, &opts, &mut |_| {}).unwrap();
-        counts[out.tokens[0] as usize * VOCAB + out.tokens[1] as usize] += 1;
+        count_pairs(&mut counts, &out.tokens);
         drafted += out.stats.drafted;
         accepted += out.stats.accepted;
     }
@@ -102,9 +133,66 @@ fn sampled_with(e: &mut Engine, s: &Sampling, k: usize, acceptance: (f64, f64)) 
     counts
 }
 
-/// Chi-square goodness of fit; cells expecting fewer than 5 are pooled. Panics with the
-/// details if the fit is rejected at false-alarm rate 1e-4, or if an impossible pair appears.
-fn chi_square(expected_p: &[f64], counts: &[u64]) -> Result<f64, String> {
+/// Chi-square goodness of fit of every pair, at [`FALSE_ALARM`] over all of them: the largest
+/// statistic, or the first rejected pair's details.
+fn fit(expected: &[Vec<f64>], counts: &Counts) -> Result<f64, String> {
+    assert_eq!(expected.len(), counts.len());
+    let z = upper_quantile(FALSE_ALARM / expected.len() as f64);
+    let mut largest = 0f64;
+    for (j, (p, c)) in expected.iter().zip(counts).enumerate() {
+        let stat = chi_square(p, c, z).map_err(|e| format!("tokens {j} and {}: {e}", j + 1))?;
+        largest = largest.max(stat);
+    }
+    Ok(largest)
+}
+
+/// The standard normal quantile with upper tail `alpha`, by bisection on the tail
+/// (Q(z) = erfc(z / sqrt 2) / 2, erfc from Numerical Recipes: relative error below 1.2e-7).
+fn upper_quantile(alpha: f64) -> f64 {
+    let tail = |z: f64| {
+        let x = z / std::f64::consts::SQRT_2;
+        let t = 1.0 / (1.0 + 0.5 * x);
+        let poly = [
+            -1.26551223,
+            1.00002368,
+            0.37409196,
+            0.09678418,
+            -0.18628806,
+            0.27886807,
+            -1.13520398,
+            1.48851587,
+            -0.82215223,
+            0.17087277,
+        ]
+        .iter()
+        .rev()
+        .fold(0.0, |acc, c| c + t * acc);
+        t * (-x * x + poly).exp() / 2.0
+    };
+    let (mut lo, mut hi) = (0.0, 12.0);
+    for _ in 0..100 {
+        let mid = (lo + hi) / 2.0;
+        if tail(mid) > alpha {
+            lo = mid;
+        } else {
+            hi = mid;
+        }
+    }
+    lo
+}
+
+#[test]
+fn the_critical_values_are_the_normal_quantiles() {
+    // Tables: 3.7190 for 1e-4, 4.1075 for 2e-5, 1.6449 for 0.05.
+    for (alpha, z) in [(1e-4, 3.7190), (2e-5, 4.1075), (0.05, 1.6449)] {
+        assert!((upper_quantile(alpha) - z).abs() < 1e-3, "{alpha}");
+    }
+}
+
+/// Chi-square goodness of fit; cells expecting fewer than 5 are pooled. An error with the
+/// details if the fit is rejected at the one-sided normal quantile `z` (through Wilson-Hilferty),
+/// or if an impossible pair appears.
+fn chi_square(expected_p: &[f64], counts: &[u64], z: f64) -> Result<f64, String> {
     let n = counts.iter().sum::<u64>() as f64;
     let (mut stat, mut cells) = (0.0, 0usize);
     let (mut pool_e, mut pool_o) = (0.0, 0.0);
@@ -127,7 +215,7 @@ fn chi_square(expected_p: &[f64], counts: &[u64]) -> Result<f64, String> {
     }
     let df = (cells - 1).max(1) as f64;
     let h = 2.0 / (9.0 * df);
-    let critical = df * (1.0 - h + Z * h.sqrt()).powi(3);
+    let critical = df * (1.0 - h + z * h.sqrt()).powi(3);
     if stat > critical {
         Err(format!(
             "chi-square {stat:.1} > critical {critical:.1} (df {df})"
@@ -156,9 +244,8 @@ fn settings() -> Vec<(&'static str, Sampling)> {
 fn speculative_sampling_matches_the_target_distribution() {
     let mut failures = Vec::new();
     for (label, s) in settings() {
-        let p = exact(&s);
         for k in [1, 4] {
-            match chi_square(&p, &sampled(&s, k, None)) {
+            match fit(&exact(&s, k), &sampled(&s, k, None)) {
                 Ok(stat) => eprintln!("{label}, K={k}: chi-square {stat:.1}"),
                 Err(e) => failures.push(format!("{label}, K={k}: {e}")),
             }
@@ -174,16 +261,16 @@ fn speculative_sampling_matches_the_target_distribution() {
 fn a_trimmed_draft_vocabulary_keeps_the_target_distribution() {
     let mut failures = Vec::new();
     for (label, s) in &settings()[..2] {
-        let p = exact(s);
+        let p = exact(s, 4);
         // Scored: 0 and 3, and the prompt's 1, 4 and 2; never 5.
         let d =
             NeuralDrafter::new("trimmed", Box::new(drafter())).with_vocabulary(Arc::from([0, 3]));
         let mut e = engine_with(Box::new(d), None);
         assert!(
-            p.chunks(VOCAB).map(|row| row[5]).sum::<f64>() > 0.05,
+            p[0].chunks(VOCAB).map(|row| row[5]).sum::<f64>() > 0.05,
             "5 must matter"
         );
-        match chi_square(&p, &sampled_with(&mut e, s, 4, (0.2, 0.9))) {
+        match fit(&p, &sampled_with(&mut e, s, 4, (0.2, 0.9))) {
             Ok(stat) => eprintln!("trimmed vocabulary, {label}: chi-square {stat:.1}"),
             Err(err) => failures.push(format!("trimmed vocabulary, {label}: {err}")),
         }
@@ -247,40 +334,112 @@ fn greedy_speculative_output_stops_at_the_context_limit_as_plain_decoding_does()
     }
 }
 
-/// On rejection, samples from p instead of the residual max(0, p - q): a classic mistake.
-fn review_without_residual(
+/// Classic mistakes of a speculative sampling review.
+#[derive(Clone, Copy, PartialEq)]
+enum Mistake {
+    /// On rejection, samples from p instead of the residual max(0, p - q).
+    NoResidual,
+    /// Takes the residual from the next position's row.
+    ResidualFromNextRow,
+    /// After a fully accepted draft, samples the bonus token from the last draft row.
+    BonusFromLastDraftRow,
+    /// Keeps a token with probability min(1, q / p) instead of min(1, p / q).
+    PAndQSwapped,
+}
+
+/// The review of [`cascade::review::review`] (lenience 1) with `mistake` made.
+fn mistaken_review(
+    mistake: Mistake,
     draft: &[u32],
     q: &[Dist],
     logits: &Logits,
     s: &Sampling,
-    _lenience: f32,
     rng: &mut Rng,
-    _emitted: Option<&mut Vec<Dist>>,
 ) -> Verdict {
     for (i, (&x, qi)) in draft.iter().zip(q).enumerate() {
         let p = s.distribution(logits.row(i));
-        if rng.random::<f32>() * qi.prob(x) >= p.prob(x) {
-            return Verdict {
-                accepted: i,
-                next: p.sample(rng),
+        let (px, qx) = (p.prob(x), qi.prob(x));
+        let kept = match mistake {
+            Mistake::PAndQSwapped => rng.random::<f32>() * px < qx,
+            _ => rng.random::<f32>() * qx < px,
+        };
+        if !kept {
+            let next = match mistake {
+                Mistake::NoResidual => p.sample(rng),
+                Mistake::ResidualFromNextRow => {
+                    let next_row = s.distribution(logits.row(i + 1));
+                    cascade::review::residual_sample(&next_row, qi, rng)
+                }
+                _ => cascade::review::residual_sample(&p, qi, rng),
             };
+            return Verdict { accepted: i, next };
         }
     }
-    let bonus = s.distribution(logits.row(draft.len()));
+    let row = match mistake {
+        Mistake::BonusFromLastDraftRow => draft.len().saturating_sub(1),
+        _ => draft.len(),
+    };
     Verdict {
         accepted: draft.len(),
-        next: bonus.sample(rng),
+        next: s.distribution(logits.row(row)).sample(rng),
     }
 }
 
+/// [`mistaken_review`] as review rules (plain functions, as the engine takes them).
+macro_rules! mistaken_rule {
+    ($name:ident, $mistake:expr) => {
+        fn $name(
+            draft: &[u32],
+            q: &[Dist],
+            logits: &Logits,
+            s: &Sampling,
+            _lenience: f32,
+            rng: &mut Rng,
+            _emitted: Option<&mut Vec<Dist>>,
+        ) -> Verdict {
+            mistaken_review($mistake, draft, q, logits, s, rng)
+        }
+    };
+}
+mistaken_rule!(review_without_residual, Mistake::NoResidual);
+mistaken_rule!(
+    review_with_residual_from_next_row,
+    Mistake::ResidualFromNextRow
+);
+mistaken_rule!(
+    review_with_bonus_from_last_draft_row,
+    Mistake::BonusFromLastDraftRow
+);
+mistaken_rule!(review_with_p_and_q_swapped, Mistake::PAndQSwapped);
+
+/// Each mistake is caught: the test has the power to see what it is for. The bonus token after
+/// a draft of 4 and the residual at later positions are caught only by the pairs past the
+/// first two tokens.
 #[test]
-fn a_verifier_that_skips_the_residual_fails_the_test() {
+fn broken_verifiers_fail_the_test() {
+    let rules: [(&str, cascade::reviewer::ReviewRule, usize); 5] = [
+        ("no residual, K=1", review_without_residual, 1),
+        ("no residual, K=4", review_without_residual, 4),
+        (
+            "residual from the next row, K=4",
+            review_with_residual_from_next_row,
+            4,
+        ),
+        (
+            "bonus from the last draft row, K=4",
+            review_with_bonus_from_last_draft_row,
+            4,
+        ),
+        ("p and q swapped, K=4", review_with_p_and_q_swapped, 4),
+    ];
     for (label, s) in settings().into_iter().take(2) {
-        let counts = sampled(&s, 1, Some(review_without_residual));
-        assert!(
-            chi_square(&exact(&s), &counts).is_err(),
-            "{label}: the broken verifier went undetected"
-        );
+        for (name, rule, k) in rules {
+            let counts = sampled_with(&mut engine(Some(rule)), &s, k, (0.05, 0.95));
+            assert!(
+                fit(&exact(&s, k), &counts).is_err(),
+                "{label}: {name} went undetected"
+            );
+        }
     }
 }
 
@@ -304,7 +463,7 @@ fn statistical_drafters_keep_the_target_distribution() {
         top_k: 0,
         top_p: 1.0,
     };
-    let p = exact(&s);
+    let p = exact(&s, 4);
     let policy = MaxGramPolicy {
         max_ngram: 4,
         min_match: 1,
@@ -328,7 +487,7 @@ fn statistical_drafters_keep_the_target_distribution() {
     for (label, d) in drafters {
         let mut e = engine_with(d, None);
         let counts = sampled_with(&mut e, &s, 4, (0.05, 0.95));
-        match chi_square(&p, &counts) {
+        match fit(&p, &counts) {
             Ok(stat) => eprintln!("{label}: chi-square {stat:.1}"),
             Err(err) => panic!("{label}: {err}"),
         }
@@ -385,7 +544,7 @@ fn a_lenient_three_level_cascade_keeps_the_target_distribution() {
     for (label, s) in nucleus_settings() {
         let mut e = engine_with(three_level(2.0, false), None);
         let counts = sampled_with(&mut e, &s, 4, (0.1, 0.95));
-        match chi_square(&exact(&s), &counts) {
+        match fit(&exact(&s, 4), &counts) {
             Ok(stat) => eprintln!("three-level, {label}: chi-square {stat:.1}"),
             Err(err) => panic!("three-level, {label}: {err}"),
         }
@@ -398,7 +557,7 @@ fn a_cascade_reporting_the_reviewers_distribution_fails_the_test() {
         let mut e = engine_with(three_level(2.0, true), None);
         let counts = sampled_with(&mut e, &s, 4, (0.1, 0.95));
         assert!(
-            chi_square(&exact(&s), &counts).is_err(),
+            fit(&exact(&s, 4), &counts).is_err(),
             "{label}: reporting p instead of the effective distribution went undetected"
         );
     }
@@ -576,7 +735,7 @@ fn adaptive_drafting_keeps_the_target_distribution() {
     let neural = || neural_at(&draft_cost);
     let mag = || MaxGramDrafter::new("mag", policy, Some(toy_table()));
     // A reviewer a twentieth of the target's cost, drafted for by a model 0.4 of its own: the
-    // vertical cascade's mean draft is then about 0.4 at temperature 0.7 (at a fifth of the
+    // vertical cascade's mean draft is then about 0.3 at temperature 0.7 (at a fifth of the
     // target's cost it was 0.06-0.11, too little for the test to mean much), and its inner
     // drafter beats the reviewer's decoding at a good draft model's acceptance (at half of
     // the reviewer's cost it would not, and would never be read for).
@@ -595,7 +754,7 @@ fn adaptive_drafting_keeps_the_target_distribution() {
     };
     let mut failures = Vec::new();
     for (label, s) in [&settings()[0], &settings()[1]] {
-        let p = exact(s);
+        let p = exact(s, 4);
         let drafters: Vec<(&str, Box<dyn Drafter>)> = vec![
             ("adaptive gate, neural drafter", Box::new(neural())),
             (
@@ -619,10 +778,10 @@ fn adaptive_drafting_keeps_the_target_distribution() {
             let (counts, mean_draft) = sampled_with_drafts(&mut e, s, 4);
             // The gate must have both drafted and declined for the test to mean much.
             assert!(
-                (0.3..3.7).contains(&mean_draft),
+                (0.2..3.7).contains(&mean_draft),
                 "{name}, {label}: mean draft length {mean_draft:.2}"
             );
-            match chi_square(&p, &counts) {
+            match fit(&p, &counts) {
                 Ok(stat) => {
                     eprintln!("{name}, {label}: chi-square {stat:.1}, mean draft {mean_draft:.2}")
                 }
@@ -633,16 +792,12 @@ fn adaptive_drafting_keeps_the_target_distribution() {
     assert!(failures.is_empty(), "{failures:#?}");
 }
 
-/// Counts of (first, second) pairs over `SAMPLES` seeds, and the mean length of the first draft.
-fn sampled_with_drafts(e: &mut Engine, s: &Sampling, k: usize) -> (Vec<u64>, f64) {
-    let mut counts = vec![0u64; VOCAB * VOCAB];
+/// Pair counts over `SAMPLES` seeds, and the mean number of draft positions a generation
+/// reached (its longest draft).
+fn sampled_with_drafts(e: &mut Engine, s: &Sampling, k: usize) -> (Counts, f64) {
+    let mut counts = vec![vec![0u64; VOCAB * VOCAB]; k + 1];
     let mut first_drafts = 0usize;
-    let mut opts = GenerateOptions {
-        max_new_tokens: k + 1,
-        sampling: *s,
-        k,
-        ..Default::default()
-    };
+    let mut opts = options(s, k);
     let offset: u64 = std::env::var("SEED_OFFSET")
         .ok()
         .and_then(|v| v.parse().ok())
@@ -650,7 +805,7 @@ fn sampled_with_drafts(e: &mut Engine, s: &Sampling, k: usize) -> (Vec<u64>, f64
     for seed in offset..offset + SAMPLES {
         opts.seed = seed;
         let out = e.generate(&PROMPT, &opts, &mut |_| {}).unwrap();
-        counts[out.tokens[0] as usize * VOCAB + out.tokens[1] as usize] += 1;
+        count_pairs(&mut counts, &out.tokens);
         first_drafts += out.stats.reviews.drafted_at.first().map_or(0, |_| {
             out.stats
                 .reviews
@@ -700,7 +855,7 @@ fn a_gate_asked_after_sampling_fails_the_test() {
     let (counts, mean_draft) = sampled_with_drafts(&mut e, &s, 1);
     assert!(mean_draft > 0.1, "{mean_draft}");
     assert!(
-        chi_square(&exact(&s), &counts).is_err(),
+        fit(&exact(&s, 1), &counts).is_err(),
         "a gate decision that depends on the sampled token went undetected"
     );
 }

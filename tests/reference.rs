@@ -12,8 +12,9 @@
 //! 0.5B 0.61 / 0.47, SmolLM2 1.34 / 1.09. (Before the AVX2 kernels quantized activations per
 //! 32 values for Q4_0, Q4_1, Q5_0 and Q8_0 weights, per 256 as for K-quants: 0.5B 1.14,
 //! SmolLM2 2.56. The AVX-512 kernels still do so for Q5_0 and Q8_0, hence the bound's room.)
-//! The bounds: no logit differs by more than `MAX_DIFF`, and where the reference's top two
-//! differ by more than `MARGIN` both pick the same token.
+//! The bounds: no logit differs by more than `max_diff` (2 for AVX2 and portable kernels, which
+//! the 2.56 of that bug exceeds; 3 for AVX-512), and where the reference's top two differ by
+//! more than `MARGIN` both pick the same token.
 
 mod common;
 
@@ -23,7 +24,14 @@ use cascade::model::Model;
 use common::{models_dir, real, serial, DRAFT, SMOLLM2, TARGET};
 
 const MARGIN: f32 = 1.0;
-const MAX_DIFF: f32 = 3.0;
+
+/// The largest logit difference allowed with the kernels this run uses (see the module doc).
+fn max_diff() -> f32 {
+    match cascade::model::Kernels::detect().unwrap().name() {
+        "avx512" => 3.0,
+        _ => 2.0,
+    }
+}
 
 const PROMPTS: [&str; 2] = [
     "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n    if n < 2:\n        return n\n",
@@ -115,8 +123,9 @@ fn agrees_with_reference(file: &str) {
                 .fold(0f32, f32::max);
             worst = worst.max(diff);
             assert!(
-                diff <= MAX_DIFF,
-                "{file}, {prompt:?}, position {pos}: a logit differs by {diff} (bound {MAX_DIFF})"
+                diff <= max_diff(),
+                "{file}, {prompt:?}, position {pos}: a logit differs by {diff} (bound {})",
+                max_diff()
             );
             if margin(want) > MARGIN {
                 compared += 1;

@@ -32,6 +32,17 @@ impl ModelSource {
     /// looked up in the hf-hub cache (`cache_dir`, else `HF_HOME`'s) first; they are downloaded
     /// only when missing and `HF_HUB_OFFLINE` is not set.
     pub fn resolve(&self, base: &Path, cache_dir: Option<&Path>) -> Result<PathBuf> {
+        let offline = std::env::var("HF_HUB_OFFLINE").is_ok_and(|v| v == "1");
+        self.resolve_with(base, cache_dir, offline)
+    }
+
+    /// [`ModelSource::resolve`], downloading only if not `offline`.
+    fn resolve_with(
+        &self,
+        base: &Path,
+        cache_dir: Option<&Path>,
+        offline: bool,
+    ) -> Result<PathBuf> {
         match self {
             ModelSource::Path(p) => {
                 let p = if p.is_absolute() {
@@ -68,7 +79,7 @@ impl ModelSource {
                 if let Some(p) = cache.repo(hub_repo.clone()).get(file) {
                     return Ok(p);
                 }
-                if std::env::var("HF_HUB_OFFLINE").is_ok_and(|v| v == "1") {
+                if offline {
                     return Err(hub_err(format!(
                         "not in the cache at {} and HF_HUB_OFFLINE=1",
                         cache.path().display()
@@ -127,13 +138,15 @@ mod tests {
     #[test]
     fn hub_source_missing_offline_is_a_clear_error() {
         let tmp = tempfile::tempdir().unwrap();
-        std::env::set_var("HF_HUB_OFFLINE", "1");
         let src = ModelSource::Hub {
             repo: "Org/Absent".into(),
             file: "x.gguf".into(),
             revision: "main".into(),
         };
-        let err = src.resolve(Path::new("."), Some(tmp.path())).unwrap_err();
+        // Offline as with HF_HUB_OFFLINE=1 (set here, it would race with other tests' reads).
+        let err = src
+            .resolve_with(Path::new("."), Some(tmp.path()), true)
+            .unwrap_err();
         assert!(
             err.to_string()
                 .starts_with("cannot resolve model Org/Absent/x.gguf: not in the cache"),

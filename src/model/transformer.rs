@@ -141,14 +141,6 @@ impl Config {
         if head_dim % 2 != 0 {
             return Err(bad(format!("head dimension {head_dim} is odd")));
         }
-        if f.get(&key("rope.dimension_count")).is_some()
-            && ranged("rope.dimension_count", 1 << 12)? != head_dim
-        {
-            return Err(bad(format!(
-                "RoPE rotates part of each head only (metadata `{}`), which is not supported",
-                key("rope.dimension_count")
-            )));
-        }
         if f.get(&key("attention.value_length")).is_some()
             && ranged("attention.value_length", 1 << 12)? != head_dim
         {
@@ -176,6 +168,14 @@ impl Config {
             }
             None => return Err(bad("tensor `token_embd.weight` is missing".into())),
         };
+        if f.get(&key("rope.dimension_count")).is_some()
+            && ranged("rope.dimension_count", 1 << 12)? != head_dim
+        {
+            return Err(bad(format!(
+                "RoPE rotates part of each head only (metadata `{}`), which is not supported",
+                key("rope.dimension_count")
+            )));
+        }
         let gemma = arch == "gemma3";
         let sliding = match gemma {
             true => Some((

@@ -154,6 +154,32 @@ fn a_rows_short_last_block_multiplies_as_the_padded_block() {
     }
 }
 
+/// Detection agrees with the flags Linux lists for the CPU, so that no family the CPU runs
+/// drops silently out of these tests (and of the CLI's every-family test).
+#[test]
+#[cfg(all(target_os = "linux", target_arch = "x86_64"))]
+fn every_family_the_cpu_runs_is_detected() {
+    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap();
+    let flags: Vec<&str> = cpuinfo
+        .lines()
+        .find(|l| l.starts_with("flags"))
+        .expect("a flags line")
+        .split_whitespace()
+        .collect();
+    let has = |f: &str| flags.contains(&f);
+    let avx2 = has("avx2") && has("fma") && has("f16c");
+    let avx512 = avx2 && has("avx512f") && has("avx512bw") && has("avx512_vnni");
+    let want: Vec<Kernels> = [
+        (avx512, Kernels::Avx512),
+        (avx2, Kernels::Avx2),
+        (true, Kernels::Portable),
+    ]
+    .into_iter()
+    .filter_map(|(runs, k)| runs.then_some(k))
+    .collect();
+    assert_eq!(Kernels::supported(), want);
+}
+
 /// The kernels this CPU runs (the portable path multiplies candle's blocks, not these).
 fn families() -> Vec<Kernels> {
     let ks: Vec<Kernels> = Kernels::supported()
