@@ -10,6 +10,8 @@ use crate::review::ReviewCounts;
 use crate::sampling::{Dist, Rng, Sampling};
 use serde::{Serialize, Serializer};
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
 /// Proposed tokens, each with the distribution it was drawn from (`q` in the papers). A
 /// deterministic drafter reports point masses.
@@ -79,6 +81,8 @@ pub struct Request<'a> {
     declined: bool,
     /// The reviewer's vocabulary size: token ids must be below it.
     vocab: usize,
+    /// Set when the generation is cancelled (its client left).
+    cancel: Option<Arc<AtomicBool>>,
 }
 
 impl<'a> Request<'a> {
@@ -101,7 +105,27 @@ impl<'a> Request<'a> {
             used: 0,
             declined: false,
             vocab,
+            cancel: None,
         }
+    }
+
+    /// The same request, given up when `cancel` is set (a drafter's long reading of the
+    /// prompt stops between chunks).
+    pub fn with_cancel(mut self, cancel: Option<Arc<AtomicBool>>) -> Self {
+        self.cancel = cancel;
+        self
+    }
+
+    /// Whether the generation was cancelled: a drafter should return what it has.
+    pub fn cancelled(&self) -> bool {
+        self.cancel
+            .as_ref()
+            .is_some_and(|c| c.load(Ordering::Relaxed))
+    }
+
+    /// The flag [`Request::cancelled`] reads, for a cascade to pass on to its own reviews.
+    pub fn cancel_flag(&self) -> Option<Arc<AtomicBool>> {
+        self.cancel.clone()
     }
 
     /// Tokens this drafter may still propose (an upper bound: [`Request::admit`] may stop it
@@ -196,6 +220,7 @@ impl<'a> Request<'a> {
             used: 0,
             declined: false,
             vocab: self.vocab,
+            cancel: self.cancel.clone(),
         }
     }
 

@@ -299,6 +299,7 @@ impl Engine {
 
         let start = Instant::now();
         self.target.set_lenience(opts.lenience);
+        self.target.set_cancel(opts.cancel.clone());
         if let Some(d) = self.drafter.as_mut() {
             d.start(prompt)?;
         }

@@ -12,6 +12,8 @@ use crate::gate::{Adaptive, Gate, Prediction, Priors, Source};
 use crate::model::{Logits, Model, SyncedModel};
 use crate::review::{review, ReviewCounts, Verdict};
 use crate::sampling::{Dist, Rng, Sampling};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
 /// A review rule: given the draft, its distributions `q`, the reviewer's logits for every
 /// draft position and the one after, the sampling settings and a lenience, decides how many
@@ -59,6 +61,8 @@ pub struct Reviewer {
     adaptive: Option<[Adaptive; 2]>,
     /// Whether the last round sampled: which of the two [`Reviewer::adaptive`] reports.
     sampled: bool,
+    /// Set when the generation is cancelled: passed to the drafts this reviewer asks for.
+    cancel: Option<Arc<AtomicBool>>,
 }
 
 impl Reviewer {
@@ -72,7 +76,14 @@ impl Reviewer {
             counts: ReviewCounts::default(),
             adaptive: None,
             sampled: false,
+            cancel: None,
         }
+    }
+
+    /// The generation's cancel flag ([`crate::engine::GenerateOptions::cancel`]): reading a
+    /// prompt stops between chunks once it is set, and so do the drafters asked below.
+    pub fn set_cancel(&mut self, cancel: Option<Arc<AtomicBool>>) {
+        self.cancel = cancel;
     }
 
     /// Sizes drafts adaptively (see [`crate::gate`]), with this model's measured forward
@@ -144,8 +155,12 @@ impl Reviewer {
     }
 
     /// Brings the cache to `context` minus its last token (a prefill of what it lacks).
+    /// Stops between chunks once the generation is cancelled.
     pub fn read(&mut self, context: &[u32]) -> Result<()> {
-        self.model.prepare(context)
+        let cancel = self.cancel.clone();
+        self.model.prepare_with(context, &mut |_, _| {
+            !cancel.as_ref().is_some_and(|c| c.load(Ordering::Relaxed))
+        })
     }
 
     /// Tokens of `context` besides its last that the next round must catch up on.
@@ -190,7 +205,8 @@ impl Reviewer {
             Some(d) if k > 0 => {
                 let source: Source = d.name().into();
                 let vocab = self.model().vocab_size();
-                let mut request = Request::new(sampling, rng, &mut gate, source, k, vocab);
+                let mut request = Request::new(sampling, rng, &mut gate, source, k, vocab)
+                    .with_cancel(self.cancel.clone());
                 let draft = d.draft(context, &mut request)?;
                 request.check(&draft, d.name())?;
                 draft

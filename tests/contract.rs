@@ -325,6 +325,79 @@ fn a_cancelled_generation_is_not_recorded() {
     }
 }
 
+/// A draft model that cancels the generation once it has read `after` tokens of the prompt
+/// (as a client leaving meanwhile would), counting what it read.
+struct LeavingClient {
+    model: ToyModel,
+    after: usize,
+    read: Arc<AtomicUsize>,
+    cancel: Arc<AtomicBool>,
+}
+
+impl cascade::model::Model for LeavingClient {
+    fn name(&self) -> &str {
+        "leaving"
+    }
+    fn forward(&mut self, tokens: &[u32]) -> cascade::Result<Logits> {
+        if tokens.len() > 1 {
+            let read = self.read.fetch_add(tokens.len(), Ordering::Relaxed) + tokens.len();
+            self.cancel.store(read >= self.after, Ordering::Relaxed);
+        }
+        self.model.forward(tokens)
+    }
+    fn len(&self) -> usize {
+        self.model.len()
+    }
+    fn truncate(&mut self, len: usize) {
+        self.model.truncate(len)
+    }
+    fn vocab_size(&self) -> usize {
+        VOCAB
+    }
+    fn max_len(&self) -> usize {
+        self.model.max_len
+    }
+}
+
+/// A cancelled generation stops a draft model's or a reviewer's reading of a long prompt at
+/// the next chunk, as it stops the target's: a client that left does not keep the engine busy.
+#[test]
+fn a_cancelled_generation_stops_a_drafters_reading_of_the_prompt() {
+    let prompt: Vec<u32> = (0..2000).map(|i| (i % VOCAB) as u32).collect();
+    for vertical in [false, true] {
+        let (read, cancel) = (
+            Arc::new(AtomicUsize::new(0)),
+            Arc::new(AtomicBool::new(false)),
+        );
+        let leaving = Box::new(LeavingClient {
+            model: *toy(),
+            after: 1,
+            read: read.clone(),
+            cancel: cancel.clone(),
+        });
+        let drafter: Box<dyn Drafter> = match vertical {
+            false => Box::new(NeuralDrafter::new("draft", leaving)),
+            true => Box::new(VerticalCascade::new(
+                "reviewer",
+                leaving,
+                Box::new(NeuralDrafter::new("draft", toy())),
+                3,
+                1.0,
+            )),
+        };
+        let mut e = Engine::new(toy(), Some(drafter), toy_tokenizer(VOCAB));
+        let opts = GenerateOptions {
+            max_new_tokens: 6,
+            cancel: Some(cancel),
+            ..Default::default()
+        };
+        let got = e.generate(&prompt, &opts, &mut |_| {}).unwrap();
+        assert_eq!(got.finish_reason, FinishReason::Cancelled);
+        let read = read.load(Ordering::Relaxed);
+        assert_eq!(read, cascade::model::PREFILL_CHUNK, "vertical: {vertical}");
+    }
+}
+
 /// A draft model or reviewer whose context is shorter than the target's stops drafting where
 /// the text outgrows it (or does not start, if the prompt does not fit); the generation goes on
 /// with the target's own tokens.

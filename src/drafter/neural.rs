@@ -80,7 +80,11 @@ impl Drafter for NeuralDrafter {
             if !request.worth_reading(self.model.behind(context), self.cost.as_ref()) {
                 return Ok(draft);
             }
-            self.model.prepare(context)?;
+            self.model
+                .prepare_with(context, &mut |_, _| !request.cancelled())?;
+            if request.cancelled() {
+                return Ok(draft); // read in part: the next sequence catches up
+            }
             self.read_prompt = true;
         }
         let mut seq = context.to_vec();

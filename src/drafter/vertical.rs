@@ -98,11 +98,15 @@ impl Drafter for VerticalCascade {
         if context.len() >= max_len {
             return Ok(out);
         }
+        self.reviewer.set_cancel(request.cancel_flag());
         if !self.read_prompt {
             if !request.worth_reading(self.reviewer.behind(context), self.cost.as_ref()) {
                 return Ok(out);
             }
             self.reviewer.read(context)?;
+            if request.cancelled() {
+                return Ok(out); // read in part: the next sequence catches up
+            }
             self.read_prompt = true;
         }
         let mut seq = context.to_vec();
