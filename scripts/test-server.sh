@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Checks `cascade serve` with the official `openai` Python client, installed from PyPI into a
 # throwaway virtual environment: greedy text equal to `cascade generate`'s (streamed and
-# whole), 4 concurrent clients, 429 on a full queue, 400 on malformed requests, a client
-# that disconnects mid-stream or while queued, JSON errors for unknown endpoints, wrong methods
+# whole), 4 concurrent clients, 429 on a full queue (clients that left holding no place), 400 on
+# malformed requests, a client that disconnects mid-stream or while queued, JSON errors for unknown endpoints, wrong methods
 # and oversized bodies, a prediction that speeds up an edit, and exit 0 on SIGTERM.
 # Needs python3 with venv, the release build and the test models (scripts/fetch-models.sh).
 set -euo pipefail

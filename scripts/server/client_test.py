@@ -79,6 +79,7 @@ def post(body):
 for body, param in [('{"messages": [', None),
                     ('{"messages": [{"role": "user", "content": "x"}], "temperature": "hot"}', "temperature"),
                     ('{"messages": [{"role": "user", "content": "x"}], "top_p": 0}', "top_p"),
+                    ('{"messages": [{"role": "user", "content": "x"}], "logprobs": true}', "logprobs"),
                     ('{"messages": [{"role": "user", "content": "' + "word " * 40000 + '"}]}', "messages")]:
     code, err = post(body)
     check(f"400 for {body[:60]!r}", code == 400 and err["error"]["param"] == param, str((code, err)))
@@ -121,6 +122,30 @@ check("after a client left the queue the next request is served", after.choices[
 read = metric("prompt_tokens_total") - read_before
 served = answers[0].usage.prompt_tokens + after.usage.prompt_tokens
 check("the queued request that lost its client was never started", read == served, f"{read} != {served}")
+
+# Clients that leave while queued give their places back at once: with 3 places, 3 streams
+# that left and then 3 new requests all fit while the engine is still busy.
+busy = threading.Thread(target=lambda: chat(PRIME, 300))
+busy.start()
+time.sleep(0.5)
+for _ in range(3):
+    chat(HI, 48, stream=True).close()
+deadline = time.time() + 5
+while metric("queue_depth") > 0 and time.time() < deadline:
+    time.sleep(0.1)
+check("clients that left while queued are off the queue's count", metric("queue_depth") == 0)
+codes = []
+def queued_request():
+    try:
+        chat(HI, 8)
+        codes.append(200)
+    except openai.RateLimitError:
+        codes.append(429)
+threads = [threading.Thread(target=queued_request) for _ in range(3)]
+[t.start() for t in threads]
+[t.join() for t in threads]
+busy.join()
+check("clients that left while queued hold no place in it", codes == [200] * 3, str(codes))
 
 # A client that leaves mid-stream frees the engine for the next request.
 stream = chat(PRIME, 2000, stream=True)

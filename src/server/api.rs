@@ -167,6 +167,47 @@ pub fn parse<T: serde::de::DeserializeOwned>(body: &Value) -> Result<T, ApiError
     })
 }
 
+/// OpenAI fields this server does not implement. Clients send many of them with values that
+/// ask for nothing (`"logprobs": false`, `"presence_penalty": 0`), which pass; any other value
+/// is refused, since ignoring it would answer another request than the one sent.
+pub fn refuse_unsupported(body: &Value) -> Result<(), ApiError> {
+    const FIELDS: [&str; 11] = [
+        "logprobs",
+        "top_logprobs",
+        "echo",
+        "logit_bias",
+        "presence_penalty",
+        "frequency_penalty",
+        "response_format",
+        "tools",
+        "functions",
+        "best_of",
+        "suffix",
+    ];
+    let asks_nothing = |field: &str, v: &Value| {
+        v.is_null()
+            || match field {
+                "logprobs" | "echo" => v == &Value::Bool(false),
+                "top_logprobs" | "presence_penalty" | "frequency_penalty" => {
+                    v.as_f64() == Some(0.0)
+                }
+                "logit_bias" => v.as_object().is_some_and(|o| o.is_empty()),
+                "tools" | "functions" => v.as_array().is_some_and(|a| a.is_empty()),
+                "response_format" => v.get("type").and_then(Value::as_str) == Some("text"),
+                "best_of" => v.as_u64() == Some(1),
+                "suffix" => v.as_str() == Some(""),
+                _ => false,
+            }
+    };
+    match FIELDS
+        .iter()
+        .find(|&&f| body.get(f).is_some_and(|v| !asks_nothing(f, v)))
+    {
+        Some(field) => Err(ApiError::invalid(field, "is not supported by this server")),
+        None => Ok(()),
+    }
+}
+
 /// The checked settings of one request.
 pub struct Settings {
     pub max_tokens: Option<usize>,
@@ -476,6 +517,35 @@ mod tests {
         assert_eq!(o.stop, ["END"]);
         assert_eq!(o.sampling.temperature, 0.0);
         assert_eq!(o.max_new_tokens, 7);
+    }
+
+    #[test]
+    fn unsupported_fields_are_refused_unless_they_ask_for_nothing() {
+        let check = |body: Value| refuse_unsupported(&body).map_err(|e| e.message);
+        let neutral = serde_json::json!({"prompt": "x", "logprobs": false, "echo": null,
+            "presence_penalty": 0, "frequency_penalty": 0.0, "logit_bias": {}, "tools": [],
+            "response_format": {"type": "text"}, "best_of": 1, "suffix": "", "top_logprobs": 0});
+        assert_eq!(check(neutral), Ok(()));
+        for (field, value) in [
+            ("logprobs", serde_json::json!(5)),
+            ("logprobs", serde_json::json!(true)),
+            ("echo", serde_json::json!(true)),
+            ("logit_bias", serde_json::json!({"50256": -100})),
+            ("presence_penalty", serde_json::json!(0.5)),
+            (
+                "response_format",
+                serde_json::json!({"type": "json_object"}),
+            ),
+            ("tools", serde_json::json!([{"type": "function"}])),
+            ("best_of", serde_json::json!(3)),
+            ("suffix", serde_json::json!("}")),
+        ] {
+            let body = serde_json::json!({"prompt": "x", field: value});
+            assert_eq!(
+                check(body),
+                Err(format!("{field}: is not supported by this server"))
+            );
+        }
     }
 
     #[test]

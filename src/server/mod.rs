@@ -30,6 +30,7 @@ use std::sync::mpsc::{sync_channel, SyncSender, TrySendError};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
+use worker::Ticket;
 use worker::{Event, Job};
 
 /// Where and how to serve.
@@ -49,9 +50,15 @@ pub struct ServeOptions {
     pub system: Option<String>,
 }
 
+/// The channel to the engine holds this many times `--queue` jobs: the waiting ones, and
+/// those whose clients left, until the engine reaches them.
+const QUEUED_LEFT_ROOM: usize = 4;
+
 /// What every handler shares.
 struct App {
     jobs: SyncSender<Job>,
+    /// The most requests waiting for the engine (`--queue`).
+    queue: usize,
     tokenizer: Tokenizer,
     defaults: GenerateOptions,
     context: usize,
@@ -72,11 +79,14 @@ pub fn serve(
     opts: ServeOptions,
     ready: impl FnOnce(std::net::SocketAddr),
 ) -> Result<()> {
-    let (jobs, queue) = sync_channel(opts.queue);
+    // Room for jobs whose clients left while queued too: they leave the channel only when
+    // the engine reaches them.
+    let (jobs, queue) = sync_channel(QUEUED_LEFT_ROOM * opts.queue.max(1));
     let metrics = Arc::new(Metrics::default());
     let abort = Arc::new(AtomicBool::new(false));
     let app = Arc::new(App {
         jobs,
+        queue: opts.queue,
         tokenizer: engine.tokenizer.clone(),
         context: engine.target().max_len(),
         defaults,
@@ -208,12 +218,21 @@ async fn completions(State(app): State<Arc<App>>, body: Body) -> Response {
     handle(app, Endpoint::Completions, body).await
 }
 
-/// Sets the cancel flag when dropped: the handler (or its stream) went away.
-struct CancelOnDrop(Arc<AtomicBool>);
+/// Sets the cancel flag when dropped: the handler (or its stream) went away. A job still
+/// queued then gives its place back at once, though it leaves the channel only when the
+/// engine reaches it.
+struct CancelOnDrop {
+    cancel: Arc<AtomicBool>,
+    ticket: Ticket,
+    metrics: Arc<Metrics>,
+}
 
 impl Drop for CancelOnDrop {
     fn drop(&mut self) {
-        self.0.store(true, Ordering::Relaxed);
+        self.cancel.store(true, Ordering::Relaxed);
+        if self.ticket.leave() {
+            self.metrics.queued.fetch_sub(1, Ordering::Relaxed);
+        }
     }
 }
 
@@ -251,6 +270,7 @@ async fn handle(app: Arc<App>, endpoint: Endpoint, body: Body) -> Response {
 /// The request's fields checked, its chat rendered and its text tokenized.
 fn check(app: &App, endpoint: Endpoint, body: Body) -> std::result::Result<Checked, ApiError> {
     let body = read(body)?;
+    api::refuse_unsupported(&body)?;
     let (text, settings, field) = match endpoint {
         Endpoint::Chat => {
             let req: api::ChatRequest = api::parse(&body)?;
@@ -321,18 +341,32 @@ async fn respond(
     opts.cancel = Some(cancel.clone());
     let (events, rx) = unbounded_channel();
     let prompt_tokens = prompt.len();
+    let ticket = Ticket::default();
     let job = Job {
         prompt,
         opts,
         n: s.n,
         prediction,
         events,
+        ticket: ticket.clone(),
     };
-    app.metrics.queued.fetch_add(1, Ordering::Relaxed);
-    match app.jobs.try_send(job) {
+    // A place in the queue, among the requests still waiting (not those whose client left).
+    let queued = &app.metrics.queued;
+    let admitted = queued
+        .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |q| {
+            (q < app.queue).then_some(q + 1)
+        })
+        .is_ok();
+    let sent = match admitted {
+        true => app.jobs.try_send(job),
+        false => Err(TrySendError::Full(job)),
+    };
+    match sent {
         Ok(()) => {}
         Err(e) => {
-            app.metrics.queued.fetch_sub(1, Ordering::Relaxed);
+            if admitted {
+                queued.fetch_sub(1, Ordering::Relaxed);
+            }
             let (status, message) = match e {
                 TrySendError::Full(_) => {
                     app.metrics.rejected();
@@ -360,7 +394,11 @@ async fn respond(
         model: app.model.clone(),
         endpoint,
     };
-    let guard = CancelOnDrop(cancel);
+    let guard = CancelOnDrop {
+        cancel,
+        ticket,
+        metrics: app.metrics.clone(),
+    };
     if s.stream {
         stream(app, head, rx, s, prompt_tokens, guard, arrived)
     } else {

@@ -8,7 +8,7 @@ use crate::engine::{Engine, FinishReason, GenerateOptions, Generation};
 use crate::error::Result;
 use std::any::Any;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::mpsc::Receiver;
 use std::sync::{Arc, Mutex};
 use tokio::sync::mpsc::UnboundedSender;
@@ -23,6 +23,36 @@ pub struct Job {
     /// Tokens of the text the client expects back.
     pub prediction: Option<Vec<u32>>,
     pub events: UnboundedSender<Event>,
+    /// Whether the job waits, has started, or lost its client while waiting.
+    pub ticket: Ticket,
+}
+
+/// A queued job's state, shared by its handler and the engine thread: whichever of the two
+/// moves it out of waiting first (starting it, or its client leaving) takes it off the
+/// queue's count, exactly once.
+#[derive(Clone, Default)]
+pub struct Ticket(Arc<AtomicU8>);
+
+impl Ticket {
+    const WAITING: u8 = 0;
+    const STARTED: u8 = 1;
+    const LEFT: u8 = 2;
+
+    /// The engine takes the job: true if it was still waiting.
+    pub fn start(&self) -> bool {
+        self.move_to(Self::STARTED)
+    }
+
+    /// The client left: true if the job was still waiting.
+    pub fn leave(&self) -> bool {
+        self.move_to(Self::LEFT)
+    }
+
+    fn move_to(&self, state: u8) -> bool {
+        self.0
+            .compare_exchange(Self::WAITING, state, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+    }
 }
 
 /// What the engine thread reports about a job.
@@ -109,8 +139,11 @@ pub fn run(mut engine: Engine, jobs: Receiver<Job>, metrics: Arc<Metrics>, abort
     let _stopped = Stopped(metrics.clone());
     let base = engine.drafter.take().map(|d| Arc::new(Mutex::new(d)));
     while let Ok(job) = jobs.recv() {
-        metrics.queued.fetch_sub(1, Ordering::Relaxed);
-        // A client that left while queued (its handler or stream dropped) costs nothing.
+        // A client that left while queued (its handler or stream dropped) costs nothing; it
+        // gave its place in the queue back when it left.
+        if job.ticket.start() {
+            metrics.queued.fetch_sub(1, Ordering::Relaxed);
+        }
         let left = job
             .opts
             .cancel
