@@ -50,6 +50,14 @@ fn main() {
         } => cli::ngram::ngram_build(args),
     };
     if let Err(e) = result {
+        // Output piped into a reader that stopped reading (`| head`): nothing left to say.
+        let broken_pipe = e.chain().any(|c| {
+            c.downcast_ref::<std::io::Error>()
+                .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+        });
+        if broken_pipe {
+            std::process::exit(0);
+        }
         eprintln!("cascade: {e:#}");
         std::process::exit(1);
     }

@@ -146,6 +146,10 @@ fn greedy_output_is_the_same_with_every_kernel_family() {
                     cascade_env(&args, Some(prompt), &[("CASCADE_KERNELS", family)]);
                 assert!(ok, "{err}");
                 let doc: serde_json::Value = serde_json::from_str(&out).unwrap();
+                assert_eq!(
+                    doc["kernels"], family,
+                    "the forced family must be the one that ran"
+                );
                 doc["samples"][0]["tokens"].clone()
             };
             let best = tokens(families[0].name());
@@ -161,6 +165,32 @@ fn greedy_output_is_the_same_with_every_kernel_family() {
             }
         }
     }
+}
+
+/// A reader that stops reading (`cascade generate ... | head`) ends the generation at its next
+/// text, and the command exits quietly with status 0, not with a panic on a broken pipe.
+#[test]
+fn a_closed_standard_output_ends_the_generation_quietly() {
+    use std::io::Read;
+    let _s = serial();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_cascade"))
+        .args(["generate", "-c", "configs/autoregressive.toml", "-n", "400"])
+        .args(["-p", "Write a long story about a dragon."])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdout = child.stdout.take().unwrap();
+    let mut first = [0u8; 8];
+    stdout.read_exact(&mut first).unwrap();
+    drop(stdout);
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{:?}: {err}", out.status);
+    assert!(!err.contains("panicked"), "{err}");
+    // Stopped early: the summary line of a finished generation never came.
+    assert!(!err.contains("tokens (Length)"), "{err}");
 }
 
 /// A kernel family the CPU cannot run, or an unknown one, is a clear error.

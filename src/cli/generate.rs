@@ -12,6 +12,8 @@ use serde::Serialize;
 use std::cell::RefCell;
 use std::io::{IsTerminal, Read, Write};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
 #[derive(Args)]
 pub struct GenerateArgs {
@@ -129,15 +131,22 @@ pub fn generate(args: GenerateArgs) -> Result<()> {
     let mut store = ModelStore::default();
     let mut engine = build(&plan, &mut store)?;
     let text = if plan.chat {
-        cascade::chat::apply(&engine.tokenizer, plan.system.as_deref(), &prompt_text)?
+        // A piped or file prompt's final line break (`echo`'s) is not part of the message.
+        let message = prompt_text
+            .strip_suffix('\n')
+            .map_or(prompt_text.as_str(), |m| m.strip_suffix('\r').unwrap_or(m));
+        cascade::chat::apply(&engine.tokenizer, plan.system.as_deref(), message)?
     } else {
         prompt_text
     };
     let prompt = engine.tokenizer.encode(&text)?;
     let mut samples: Vec<(u64, Generation)> = Vec::new();
+    // A reader that stops reading (`| head`) ends the generation, and the command, quietly.
+    let stdout_closed = Arc::new(AtomicBool::new(false));
     for i in 0..args.num_samples as u64 {
         let mut opts = plan.options.clone();
-        opts.seed += i;
+        opts.seed = opts.seed.wrapping_add(i);
+        opts.cancel = Some(stdout_closed.clone());
         if args.compare {
             // Compared with decoding that reads the prompt whole: so does every sample.
             engine.forget();
@@ -156,16 +165,20 @@ pub fn generate(args: GenerateArgs) -> Result<()> {
             },
             &mut |piece| {
                 done_reading();
-                if !args.json {
-                    let _ = stdout.write_all(piece.as_bytes());
-                    let _ = stdout.flush();
+                if !args.json
+                    && (stdout.write_all(piece.as_bytes()).is_err() || stdout.flush().is_err())
+                {
+                    stdout_closed.store(true, Ordering::Relaxed);
                 }
             },
         );
         done_reading();
         let out = out?;
+        if stdout_closed.load(Ordering::Relaxed) {
+            return Err(std::io::Error::from(std::io::ErrorKind::BrokenPipe).into());
+        }
         if !args.json {
-            println!();
+            writeln!(stdout)?;
             eprintln!("[seed {}: {}]", opts.seed, summary_line(&out));
         }
         for w in &out.warnings {
@@ -193,8 +206,20 @@ pub fn generate(args: GenerateArgs) -> Result<()> {
         eprintln!("forward time by section (CASCADE_PROFILE=1):\n{table}");
     }
     if args.json {
-        let doc = GenerateDoc::new(&args.config, &plan, &prompt, &samples, comparison.as_ref());
-        println!("{}", serde_json::to_string_pretty(&doc)?);
+        // The family the target's weights were packed for: the kernels that ran.
+        let kernels = store
+            .loaded()
+            .find(|m| m.path == plan.target.path)
+            .map(|m| m.weights.kernels.to_string());
+        let doc = GenerateDoc::new(
+            &args.config,
+            &plan,
+            kernels,
+            &prompt,
+            &samples,
+            comparison.as_ref(),
+        );
+        writeln!(std::io::stdout(), "{}", serde_json::to_string_pretty(&doc)?)?;
     }
     Ok(())
 }
@@ -255,6 +280,8 @@ fn print_comparison(samples: &[(u64, Generation)], c: &bench::Comparison) {
 struct GenerateDoc<'a> {
     config: &'a Path,
     drafter: Option<&'a str>,
+    /// The kernel family the target ran with (`avx512`, `avx2`, `portable`).
+    kernels: Option<String>,
     k: usize,
     sampling: Sampling,
     prompt_tokens: &'a [u32],
@@ -299,6 +326,7 @@ impl<'a> GenerateDoc<'a> {
     fn new(
         config: &'a Path,
         plan: &'a Plan,
+        kernels: Option<String>,
         prompt: &'a [u32],
         samples: &'a [(u64, Generation)],
         comparison: Option<&'a bench::Comparison>,
@@ -327,6 +355,7 @@ impl<'a> GenerateDoc<'a> {
         Self {
             config,
             drafter: plan.drafter.as_ref().map(|d| d.name.as_str()),
+            kernels,
             k: plan.options.k,
             sampling: plan.options.sampling,
             prompt_tokens: prompt,
