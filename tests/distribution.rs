@@ -44,28 +44,37 @@ fn drafter() -> ToyModel {
 /// target, for j in 0..=k: row `a * VOCAB + b` of entry j is P(token j = a, token j + 1 = b).
 fn exact(s: &Sampling, k: usize) -> Vec<Vec<f64>> {
     let t = target();
-    // The toy target's next token depends on the token before it and on its position only,
-    // so each token's marginal follows from the one before (a Markov chain).
-    let next = |prev: u32, j: usize| -> Vec<f32> {
+    // The toy target's token j depends on the two tokens before it and on its position only:
+    // the joint of each pair of successive tokens follows from the pair before.
+    let n = PROMPT.len();
+    let next = |before: usize, prev: usize, j: usize| -> Vec<f32> {
         let mut ctx = PROMPT.to_vec();
-        ctx.extend(std::iter::repeat_n(prev, j));
+        ctx.resize(n + j, 0);
+        let len = ctx.len();
+        (ctx[len - 2], ctx[len - 1]) = (before as u32, prev as u32);
         s.distribution(&t.logits_after(&ctx)).to_dense(VOCAB)
     };
-    let mut marginal: Vec<f64> = next(PROMPT[PROMPT.len() - 1], 0)
-        .iter()
-        .map(|&p| p as f64)
-        .collect();
+    // P(token j - 1 = a, token j = b), token -1 being the prompt's last.
+    let mut joint = vec![0f64; VOCAB * VOCAB];
+    let (before, last) = (PROMPT[n - 2] as usize, PROMPT[n - 1] as usize);
+    for (b, &p) in next(before, last, 0).iter().enumerate() {
+        joint[last * VOCAB + b] = p as f64;
+    }
     let mut pairs = Vec::new();
     for j in 0..=k {
         let mut cells = vec![0f64; VOCAB * VOCAB];
         for a in 0..VOCAB {
-            for (b, &p) in next(a as u32, j + 1).iter().enumerate() {
-                cells[a * VOCAB + b] = marginal[a] * p as f64;
+            for b in 0..VOCAB {
+                let p_ab = joint[a * VOCAB + b];
+                if p_ab == 0.0 {
+                    continue;
+                }
+                for (c, &p) in next(a, b, j + 1).iter().enumerate() {
+                    cells[b * VOCAB + c] += p_ab * p as f64;
+                }
             }
         }
-        marginal = (0..VOCAB)
-            .map(|b| (0..VOCAB).map(|a| cells[a * VOCAB + b]).sum())
-            .collect();
+        joint = cells.clone();
         pairs.push(cells);
     }
     pairs
@@ -443,6 +452,54 @@ fn broken_verifiers_fail_the_test() {
     }
 }
 
+/// A target whose rollback is subtly wrong: cutting back to `n` positions leaves a rejected
+/// token in the last position kept (the one before the next token fed, which the engine
+/// feeds itself, so the mistake shows only in what follows).
+struct StaleRollback(ToyModel);
+
+impl cascade::model::Model for StaleRollback {
+    fn name(&self) -> &str {
+        "stale"
+    }
+    fn forward(&mut self, tokens: &[u32]) -> cascade::Result<Logits> {
+        self.0.forward(tokens)
+    }
+    fn len(&self) -> usize {
+        self.0.len()
+    }
+    fn truncate(&mut self, n: usize) {
+        let t = &mut self.0.tokens;
+        if n >= 1 && n < t.len() {
+            t[n - 1] = t[n];
+        }
+        t.truncate(n);
+    }
+    fn vocab_size(&self) -> usize {
+        VOCAB
+    }
+    fn max_len(&self) -> usize {
+        self.0.max_len
+    }
+}
+
+/// The toy models read the token before the one fed too, so a rollback leaving a stale token
+/// there fails the test (a toy model reading only the token fed passed it).
+#[test]
+fn a_rollback_that_leaves_a_stale_token_fails_the_test() {
+    let s = settings()[1].1;
+    let d = NeuralDrafter::new("toy-draft", Box::new(drafter()));
+    let mut e = Engine::new(
+        Box::new(StaleRollback(target())),
+        Some(Box::new(d)),
+        toy_tokenizer(VOCAB),
+    );
+    let counts = sampled_with(&mut e, &s, 4, (0.2, 0.9));
+    assert!(
+        fit(&exact(&s, 4), &counts).is_err(),
+        "a stale token left by a rollback went undetected"
+    );
+}
+
 /// A bigram table of the toy target's own greedy-ish transitions: some proposals are right.
 fn toy_table() -> Arc<BigramTable> {
     let t = target();
@@ -735,7 +792,7 @@ fn adaptive_drafting_keeps_the_target_distribution() {
     let neural = || neural_at(&draft_cost);
     let mag = || MaxGramDrafter::new("mag", policy, Some(toy_table()));
     // A reviewer a twentieth of the target's cost, drafted for by a model 0.4 of its own: the
-    // vertical cascade's mean draft is then about 0.3 at temperature 0.7 (at a fifth of the
+    // vertical cascade's mean draft is then about 0.4 at temperature 0.7 (at a fifth of the
     // target's cost it was 0.06-0.11, too little for the test to mean much), and its inner
     // drafter beats the reviewer's decoding at a good draft model's acceptance (at half of
     // the reviewer's cost it would not, and would never be read for).
@@ -778,7 +835,7 @@ fn adaptive_drafting_keeps_the_target_distribution() {
             let (counts, mean_draft) = sampled_with_drafts(&mut e, s, 4);
             // The gate must have both drafted and declined for the test to mean much.
             assert!(
-                (0.2..3.7).contains(&mean_draft),
+                (0.3..3.7).contains(&mean_draft),
                 "{name}, {label}: mean draft length {mean_draft:.2}"
             );
             match fit(&p, &counts) {

@@ -8,8 +8,9 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 /// A deterministic synthetic language model over a small vocabulary: the logits of the token
-/// after `prev` at position `pos` are a fixed pseudo-random function of (seed, prev, pos).
-/// Two toy models with different seeds disagree, as a draft and a target do.
+/// after `before, prev` at position `pos` are a fixed pseudo-random function of (seed, before,
+/// prev, pos), so a stale token left behind by a rollback changes what follows. Two toy
+/// models with different seeds disagree, as a draft and a target do.
 pub struct ToyModel {
     pub seed: u64,
     pub vocab: usize,
@@ -38,19 +39,30 @@ impl ToyModel {
     /// The logits after `context` (so a test can compute exact target distributions).
     pub fn logits_after(&self, context: &[u32]) -> Vec<f32> {
         let prev = *context.last().unwrap() as u64;
+        let before = context
+            .len()
+            .checked_sub(2)
+            .map_or(u64::MAX, |i| context[i] as u64);
         let pos = context.len() as u64;
+        let mix = |mut h: u64| {
+            h ^= h >> 31;
+            h = h.wrapping_mul(0xbf58_476d_1ce4_e5b9);
+            h ^= h >> 29;
+            h = h.wrapping_mul(0x94d0_49bb_1331_11eb);
+            h ^= h >> 32;
+            (h % 1000) as f32 / 1000.0
+        };
         (0..self.vocab as u64)
             .map(|t| {
-                let mut h = self.seed
+                let own = mix(self.seed
                     ^ (prev.wrapping_mul(0x9e37_79b9_7f4a_7c15))
                     ^ (pos << 32)
-                    ^ (t << 48);
-                h ^= h >> 31;
-                h = h.wrapping_mul(0xbf58_476d_1ce4_e5b9);
-                h ^= h >> 29;
-                h = h.wrapping_mul(0x94d0_49bb_1331_11eb);
-                h ^= h >> 32;
-                (h % 1000) as f32 / 1000.0 * self.sharpness
+                    ^ (t << 48));
+                // The token before `prev` shifts every toy model alike (draft and target
+                // keep agreeing as much), by up to 0.3.
+                let shared =
+                    mix(before.wrapping_mul(0xc2b2_ae3d_27d4_eb4f) ^ (pos << 32) ^ (t << 48));
+                own * self.sharpness + 0.3 * shared
             })
             .collect()
     }
