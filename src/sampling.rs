@@ -326,6 +326,68 @@ mod tests {
         assert!(kept > 1024 && kept < 5000, "kept {kept}");
     }
 
+    /// The definition, spelled out: softmax at temperature T in f64, tokens ranked by
+    /// probability (ties to the lower id), the first `top_k` kept, then the shortest prefix of
+    /// those whose mass reaches `top_p` of theirs, renormalized.
+    fn by_definition(s: &Sampling, logits: &[f32]) -> Vec<f64> {
+        let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
+        let e: Vec<f64> = logits
+            .iter()
+            .map(|&l| ((l as f64 - max) / s.temperature as f64).exp())
+            .collect();
+        let mut order: Vec<usize> = (0..e.len()).collect();
+        order.sort_by(|&a, &b| e[b].total_cmp(&e[a]).then(a.cmp(&b)));
+        if s.top_k > 0 {
+            order.truncate(s.top_k);
+        }
+        let mass: f64 = order.iter().map(|&i| e[i]).sum();
+        let (mut cum, mut cut) = (0.0, order.len());
+        for (n, &i) in order.iter().enumerate() {
+            cum += e[i];
+            if cum >= s.top_p as f64 * mass {
+                cut = n + 1;
+                break;
+            }
+        }
+        let kept: f64 = order[..cut].iter().map(|&i| e[i]).sum();
+        let mut p = vec![0.0; e.len()];
+        order[..cut].iter().for_each(|&i| p[i] = e[i] / kept);
+        p
+    }
+
+    /// Temperature, top-k and top-p, alone and combined, on vocabularies below and above the
+    /// top-p fast path's 1024 tokens, with tied logits: the distribution is the definition's.
+    #[test]
+    fn sampling_follows_the_definition() {
+        use rand::{Rng as _, SeedableRng};
+        let mut rng = Rng::seed_from_u64(7);
+        for vocab in [50, 3000] {
+            // Logits on a grid of 1/8: many ties.
+            let logits: Vec<f32> = (0..vocab)
+                .map(|_| (rng.random_range(-48..48) as f32) / 8.0)
+                .collect();
+            for temperature in [0.7, 1.0, 1.3] {
+                for top_k in [0, 1, 5, 40] {
+                    for top_p in [1.0, 0.95, 0.5, 0.05] {
+                        let s = Sampling {
+                            temperature,
+                            top_k,
+                            top_p,
+                        };
+                        let got = dense(s.distribution(&logits));
+                        let want = by_definition(&s, &logits);
+                        for (i, (&g, &w)) in got.iter().zip(&want).enumerate() {
+                            assert!(
+                                (g as f64 - w).abs() < 1e-5,
+                                "vocabulary {vocab}, {s:?}: token {i} has {g}, not {w}"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+
     #[test]
     fn the_smallest_accepted_temperature_is_nearly_greedy() {
         let s = Sampling {
