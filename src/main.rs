@@ -51,11 +51,7 @@ fn main() {
     };
     if let Err(e) = result {
         // Output piped into a reader that stopped reading (`| head`): nothing left to say.
-        let broken_pipe = e.chain().any(|c| {
-            c.downcast_ref::<std::io::Error>()
-                .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
-        });
-        if broken_pipe {
+        if e.is::<cli::generate::StdoutClosed>() {
             std::process::exit(0);
         }
         eprintln!("cascade: {e:#}");

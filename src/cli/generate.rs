@@ -131,7 +131,7 @@ pub fn generate(args: GenerateArgs) -> Result<()> {
     let mut store = ModelStore::default();
     let mut engine = build(&plan, &mut store)?;
     let text = if plan.chat {
-        // A piped or file prompt's final line break (`echo`'s) is not part of the message.
+        // A prompt's final line break (`echo`'s, a file's) is not part of the message.
         let message = prompt_text
             .strip_suffix('\n')
             .map_or(prompt_text.as_str(), |m| m.strip_suffix('\r').unwrap_or(m));
@@ -141,17 +141,19 @@ pub fn generate(args: GenerateArgs) -> Result<()> {
     };
     let prompt = engine.tokenizer.encode(&text)?;
     let mut samples: Vec<(u64, Generation)> = Vec::new();
-    // A reader that stops reading (`| head`) ends the generation, and the command, quietly.
-    let stdout_closed = Arc::new(AtomicBool::new(false));
+    // A failed write to standard output ends the generation; a reader that stopped reading
+    // (`| head`) ends the command quietly too.
+    let stdout_failed = Arc::new(AtomicBool::new(false));
     for i in 0..args.num_samples as u64 {
         let mut opts = plan.options.clone();
         opts.seed = opts.seed.wrapping_add(i);
-        opts.cancel = Some(stdout_closed.clone());
+        opts.cancel = Some(stdout_failed.clone());
         if args.compare {
             // Compared with decoding that reads the prompt whole: so does every sample.
             engine.forget();
         }
         let mut stdout = std::io::stdout().lock();
+        let mut write_error = None;
         // Shown while the prompt is read, until the first text (a drafter may read it too).
         let reading = RefCell::new(Some(Steps::new()));
         let done_reading = || reading.borrow_mut().take().map(Steps::finish);
@@ -165,20 +167,24 @@ pub fn generate(args: GenerateArgs) -> Result<()> {
             },
             &mut |piece| {
                 done_reading();
-                if !args.json
-                    && (stdout.write_all(piece.as_bytes()).is_err() || stdout.flush().is_err())
-                {
-                    stdout_closed.store(true, Ordering::Relaxed);
+                if !args.json && write_error.is_none() {
+                    if let Err(e) = stdout
+                        .write_all(piece.as_bytes())
+                        .and_then(|()| stdout.flush())
+                    {
+                        write_error = Some(e);
+                        stdout_failed.store(true, Ordering::Relaxed);
+                    }
                 }
             },
         );
         done_reading();
         let out = out?;
-        if stdout_closed.load(Ordering::Relaxed) {
-            return Err(std::io::Error::from(std::io::ErrorKind::BrokenPipe).into());
+        if let Some(e) = write_error {
+            return Err(stdout_error(e));
         }
         if !args.json {
-            writeln!(stdout)?;
+            writeln!(stdout).map_err(stdout_error)?;
             eprintln!("[seed {}: {}]", opts.seed, summary_line(&out));
         }
         for w in &out.warnings {
@@ -219,9 +225,31 @@ pub fn generate(args: GenerateArgs) -> Result<()> {
             &samples,
             comparison.as_ref(),
         );
-        writeln!(std::io::stdout(), "{}", serde_json::to_string_pretty(&doc)?)?;
+        writeln!(std::io::stdout(), "{}", serde_json::to_string_pretty(&doc)?)
+            .map_err(stdout_error)?;
     }
     Ok(())
+}
+
+/// Standard output was closed by its reader (`cascade generate ... | head`): the command
+/// ends quietly, with status 0.
+#[derive(Debug)]
+pub struct StdoutClosed;
+
+impl std::fmt::Display for StdoutClosed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("standard output was closed")
+    }
+}
+
+impl std::error::Error for StdoutClosed {}
+
+/// A failed write to standard output: [`StdoutClosed`] for a closed pipe, else the error.
+fn stdout_error(e: std::io::Error) -> anyhow::Error {
+    match e.kind() {
+        std::io::ErrorKind::BrokenPipe => StdoutClosed.into(),
+        _ => anyhow::Error::new(e).context("cannot write to standard output"),
+    }
 }
 
 /// One line on a generation: tokens, speed (and the cost model's prediction), drafting.

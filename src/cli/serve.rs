@@ -43,8 +43,11 @@ pub fn serve_command(args: ServeArgs) -> Result<()> {
             args.grace
         );
     };
-    if args.queue > MAX_QUEUE {
-        bail!("--queue must be at most {MAX_QUEUE}, got {}", args.queue);
+    if !(1..=MAX_QUEUE).contains(&args.queue) {
+        bail!(
+            "--queue must be between 1 and {MAX_QUEUE}, got {}",
+            args.queue
+        );
     }
     let raw = RawConfig::load(&args.config)?;
     let plan = load_plan(&args.config, &raw)?;

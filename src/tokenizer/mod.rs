@@ -216,7 +216,6 @@ impl Tokenizer {
     }
 }
 
-/// The ids a GGUF marks user-defined (sorted).
 /// The GGUF's metadata with llama.cpp's name of Llama 3's pre-tokenizer (`llama-bpe`) given
 /// as candle knows it (`llama3`), if it has that name: candle would split the text as GPT-2
 /// does, and Llama 3.x prompts would come out as other tokens than Hugging Face's.
@@ -236,6 +235,7 @@ fn pre_tokenizer_renamed(gguf: &GgufFile<'_>) -> Option<Content> {
     })
 }
 
+/// The ids a GGUF marks user-defined (sorted).
 fn user_defined(gguf: &GgufFile<'_>) -> Vec<u32> {
     match gguf.get("tokenizer.ggml.token_type") {
         Some(candle_core::quantized::gguf_file::Value::Array(types)) => (0u32..)

@@ -59,10 +59,10 @@ impl ToyModel {
                     ^ (pos << 32)
                     ^ (t << 48));
                 // The token before `prev` shifts every toy model alike (draft and target
-                // keep agreeing as much), by up to 0.3.
+                // keep agreeing as much), by up to 0.6.
                 let shared =
                     mix(before.wrapping_mul(0xc2b2_ae3d_27d4_eb4f) ^ (pos << 32) ^ (t << 48));
-                own * self.sharpness + 0.3 * shared
+                own * self.sharpness + 0.6 * shared
             })
             .collect()
     }
