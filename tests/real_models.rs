@@ -820,6 +820,40 @@ fn llama_3_pre_tokenizer_is_recognized_by_llama_cpp_name() {
     assert_ne!(llama3, gpt2, "the sample must tell the two splits apart");
 }
 
+/// A plug-in drafter's constructor learns the target's context length: the config's
+/// `context`, capped at the model's trained one.
+#[test]
+fn a_plug_in_learns_the_targets_context_length() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let trained = real(SMOLLM2).weights.config.context_length;
+    let seen = std::sync::Arc::new(AtomicUsize::new(0));
+    let mut registry = cascade::config::Registry::default();
+    let probe = seen.clone();
+    registry.register("probe", move |cx| {
+        probe.store(cx.context, Ordering::Relaxed);
+        Ok(Box::new(cascade::drafter::MaxGramDrafter::new(
+            cx.name,
+            Default::default(),
+            None,
+        )))
+    });
+    for (cap, want) in [
+        ("context = 100\n", 100),
+        ("", trained),
+        ("context = 1000000\n", trained),
+    ] {
+        let toml = format!(
+            "[target]\nmodel = \"{SMOLLM2}\"\ndrafter = \"p\"\n{cap}[drafters.p]\nkind = \"probe\"\n"
+        );
+        let plan = cascade::config::RawConfig::parse(&toml, "t")
+            .unwrap()
+            .validate_with(&common::models_dir(), &registry)
+            .unwrap();
+        plan.build(&mut |_, _, _| {}).unwrap();
+        assert_eq!(seen.load(Ordering::Relaxed), want, "{cap:?}");
+    }
+}
+
 /// A chat template renders as Hugging Face renders it: blocks trimmed (`trim_blocks`,
 /// `lstrip_blocks`), Python's string methods, and the GGUF's `bos_token` and `eos_token`. The
 /// expected text is Jinja2's (3.1) for the same template and messages, with the settings

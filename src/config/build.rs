@@ -252,6 +252,7 @@ impl Builder<'_> {
                     base,
                     tokenizer: &target.tokenizer,
                     vocab: target.weights.vocab_size(),
+                    context: target.weights.max_len(self.context),
                 };
                 self.registry.build(kind, &context).map_err(|e| match e {
                     Error::Config { .. } => e,

@@ -33,7 +33,8 @@ pub struct Registry {
     kinds: BTreeMap<String, Arc<Constructor>>,
 }
 
-/// What a plug-in's constructor gets: its node's name and table, and the target's tokenizer.
+/// What a plug-in's constructor gets: its node's name and table, and the target's tokenizer,
+/// vocabulary size and context length.
 pub struct PluginContext<'a> {
     /// The drafter's name in `[drafters]`.
     pub name: &'a str,
@@ -45,6 +46,9 @@ pub struct PluginContext<'a> {
     pub tokenizer: &'a Tokenizer,
     /// The target's vocabulary size.
     pub vocab: usize,
+    /// The target's context length (the config's `context`, capped at the model's): the
+    /// longest sequence a draft may continue.
+    pub context: usize,
 }
 
 impl Registry {

@@ -384,6 +384,12 @@ impl Weights {
         self.output().rows()
     }
 
+    /// The most positions an instance holds: `limit` if given, at most the trained context.
+    pub fn max_len(&self, limit: Option<usize>) -> usize {
+        let trained = self.config.context_length;
+        limit.map_or(trained, |m| m.min(trained))
+    }
+
     /// Number of weights (embeddings counted once when tied).
     pub fn param_count(&self) -> usize {
         let size = |w: &QWeight| w.rows() * w.cols();
@@ -416,7 +422,7 @@ impl Transformer {
     /// (capped at the model's trained context length).
     pub fn new(name: impl Into<String>, weights: Arc<Weights>, max_len: Option<usize>) -> Self {
         let c = &weights.config;
-        let max_len = max_len.map_or(c.context_length, |m| m.min(c.context_length));
+        let max_len = weights.max_len(max_len);
         Self {
             name: name.into(),
             cache: KvCache::new(c.layers, c.kv_heads, c.head_dim),
