@@ -1,7 +1,9 @@
 //! AVX-512 VNNI kernels: one `vpdpbusd` (64 multiply-adds) per 64-byte vector.
 //!
-//! Per 256-value block and activation row: four `vpdpbusd`, one conversion and two fused
-//! multiply-adds, with the scales applied per 32-bit lane after the integer sums. Weight
+//! Per 256-value block and activation row: four `vpdpbusd`, one conversion, a multiply and a
+//! fused multiply-add, with the scales applied per 32-bit lane after the integer sums. Formats
+//! stored plus a constant take its products off the integer sums (one subtraction, exact);
+//! Q4_K's mins take a second fused multiply-add. Weight
 //! blocks are unpacked once for all activation rows; above [`PAIR_ABOVE`] rows, weight rows go
 //! in pairs so that each activation vector is loaded once for both.
 
@@ -30,7 +32,7 @@ pub(super) unsafe fn matmul<B: Unpack + Sync>(
 ) {
     let kb = k.div_ceil(QK);
     assert!(n.checked_mul(kb).is_some_and(|b| w.len() >= b) && Some(lhs.len()) == m.checked_mul(k));
-    let acts = ActBlock::quantize(lhs, m, k);
+    let acts = ActBlock::quantize(lhs, m, k, B::OFFSET_LOG2);
     for_each_output(m, n, dst, |js, r0, rows, out| {
         // SAFETY: the caller guarantees the CPU features; `js` is within the `n` rows of `w`
         // (checked above) and rows `r0..r0 + rows` within the `m` quantized rows.
@@ -39,29 +41,31 @@ pub(super) unsafe fn matmul<B: Unpack + Sync>(
 }
 
 /// 256 activations quantized to 8 bits with one scale (as candle's Q8_K, up to the sign
-/// convention and rounding ties), in the kernel layout, with the sum of each 16-value group
-/// times the scale (for the mins and offsets).
+/// convention and rounding ties), in the kernel layout, with the sums of each 16-value group.
 #[repr(C, align(64))]
 struct ActBlock {
     qs: [i8; QK],
-    sums: [f32; 16],
+    /// Each group's sum as the weights' format takes it off: for a format stored plus a
+    /// constant ([`Unpack::OFFSET_LOG2`]) the integer sum times it; otherwise (Q4_K's mins)
+    /// the f32 bits of the sum times `d`. One field, so a block stays six cache lines.
+    sums: [u32; 16],
     d: f32,
 }
 
 impl ActBlock {
     /// Quantizes `m` rows of `k` values, block by block (a row's last block padded with zeros,
-    /// as the weights are).
+    /// as the weights are), with the group sums for weights of offset `2^offset_log2`.
     ///
     /// # Safety
     /// The CPU must have AVX-512 F and BW.
-    unsafe fn quantize(lhs: &[f32], m: usize, k: usize) -> Vec<ActBlock> {
+    unsafe fn quantize(lhs: &[f32], m: usize, k: usize, offset_log2: Option<u32>) -> Vec<ActBlock> {
         let mut out = Vec::with_capacity(m * k.div_ceil(QK));
         for row in lhs.chunks_exact(k) {
             for x in row.chunks(QK) {
                 let mut padded = [0f32; QK];
                 padded[..x.len()].copy_from_slice(x);
                 // SAFETY: the caller guarantees the CPU features.
-                out.push(unsafe { Self::quantize_block(&padded) });
+                out.push(unsafe { Self::quantize_block(&padded, offset_log2) });
             }
         }
         out
@@ -70,7 +74,7 @@ impl ActBlock {
     /// # Safety
     /// The CPU must have AVX-512 F and BW.
     #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2")]
-    unsafe fn quantize_block(x: &[f32; QK]) -> ActBlock {
+    unsafe fn quantize_block(x: &[f32; QK], offset_log2: Option<u32>) -> ActBlock {
         let p = x.as_ptr();
         let mut amax = _mm512_setzero_ps();
         let mut nan: __mmask16 = 0;
@@ -85,13 +89,13 @@ impl ActBlock {
             // integer conversion would turn a NaN into a plain number).
             return ActBlock {
                 qs: [0; QK],
-                sums: [f32::NAN; 16],
+                sums: [f32::NAN.to_bits(); 16],
                 d: f32::NAN,
             };
         }
         let mut block = ActBlock {
             qs: [0; QK],
-            sums: [0.0; 16],
+            sums: [0; 16],
             d: amax / 127.0,
         };
         if amax == 0.0 {
@@ -107,7 +111,12 @@ impl ActBlock {
             for (z, b) in bytes.into_iter().enumerate() {
                 *lanes.add(16 * z + g) = b;
             }
-            block.sums[g] = _mm512_reduce_add_epi32(q) as f32 * block.d;
+            let sum = _mm512_reduce_add_epi32(q);
+            block.sums[g] = match offset_log2 {
+                // At most 16 x 127 << 7: far inside an i32.
+                Some(log2) => (sum << log2) as u32,
+                None => (sum as f32 * block.d).to_bits(),
+            };
         }
         block
     }
@@ -116,6 +125,12 @@ impl ActBlock {
 /// A repacked block unpacked into registers: the four value vectors (unsigned bytes), and per
 /// 32-bit lane the scale of its values and the offset to subtract per unit of activation sum.
 pub(super) trait Unpack {
+    /// Formats whose stored values all carry the same offset, a power of two (Q6_K 32, Q5_0 16,
+    /// Q8_0 128): its log2. Its products then come off the integer sums, exactly (a row of zero
+    /// weights gives exactly 0), and `unpack`'s offset is unused. `None` for Q4_K, whose mins
+    /// vary by sub-block and are subtracted in floats.
+    const OFFSET_LOG2: Option<u32>;
+
     /// # Safety
     /// The CPU must have AVX-512 F, BW and VNNI.
     unsafe fn unpack(&self) -> ([__m512i; 4], __m512, __m512);
@@ -149,6 +164,7 @@ unsafe fn halves() -> __m512i {
 }
 
 impl Unpack for PackedQ4K<WIDE> {
+    const OFFSET_LOG2: Option<u32> = None;
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2")]
     unsafe fn unpack(&self) -> ([__m512i; 4], __m512, __m512) {
@@ -171,6 +187,7 @@ impl Unpack for PackedQ4K<WIDE> {
 }
 
 impl Unpack for PackedQ6K<WIDE> {
+    const OFFSET_LOG2: Option<u32> = Some(5);
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2")]
     unsafe fn unpack(&self) -> ([__m512i; 4], __m512, __m512) {
@@ -186,8 +203,8 @@ impl Unpack for PackedQ6K<WIDE> {
         let w = std::array::from_fn(|z| _mm512_or_si512(low[z], _mm512_and_si512(high[z], m30)));
         let sc = _mm512_cvtepi8_epi32(_mm_loadu_si128(self.scales.as_ptr() as *const _));
         let scale = _mm512_mul_ps(_mm512_set1_ps(f16_to_f32(self.d)), _mm512_cvtepi32_ps(sc));
-        // Values are stored plus 32.
-        (w, scale, _mm512_mul_ps(scale, _mm512_set1_ps(32.0)))
+        // Values are stored plus 32 (`OFFSET_LOG2`).
+        (w, scale, _mm512_setzero_ps())
     }
 }
 
@@ -203,26 +220,28 @@ unsafe fn lane_scales(d: &[u16; 8]) -> __m512 {
 }
 
 impl Unpack for PackedQ5_0 {
+    const OFFSET_LOG2: Option<u32> = Some(4);
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2")]
     unsafe fn unpack(&self) -> ([__m512i; 4], __m512, __m512) {
         let (low, sixteen) = (nibbles(&self.qs), _mm512_set1_epi8(16));
         let w = std::array::from_fn(|z| _mm512_mask_add_epi8(low[z], self.qh[z], low[z], sixteen));
         let scale = lane_scales(&self.d);
-        // Values are stored plus 16.
-        (w, scale, _mm512_mul_ps(scale, _mm512_set1_ps(16.0)))
+        // Values are stored plus 16 (`OFFSET_LOG2`).
+        (w, scale, _mm512_setzero_ps())
     }
 }
 
 impl Unpack for PackedQ8_0<WIDE> {
+    const OFFSET_LOG2: Option<u32> = Some(7);
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2")]
     unsafe fn unpack(&self) -> ([__m512i; 4], __m512, __m512) {
         let q = self.qs.as_ptr() as *const __m512i;
         let w = std::array::from_fn(|z| _mm512_loadu_si512(q.add(z)));
         let scale = lane_scales(&self.d);
-        // Values are stored plus 128.
-        (w, scale, _mm512_mul_ps(scale, _mm512_set1_ps(128.0)))
+        // Values are stored plus 128 (`OFFSET_LOG2`).
+        (w, scale, _mm512_setzero_ps())
     }
 }
 
@@ -266,7 +285,7 @@ unsafe fn packed_tile<B: Unpack>(
 /// # Safety
 /// The CPU must have AVX-512 F and VNNI.
 #[inline(always)]
-unsafe fn block_dot(
+unsafe fn block_dot<B: Unpack>(
     (wv, scale, offset): &([__m512i; 4], __m512, __m512),
     av: &[__m512i; 4],
     a: &ActBlock,
@@ -278,8 +297,16 @@ unsafe fn block_dot(
     }
     // Lane sums are below 2^24, so the conversion is exact.
     let scaled = _mm512_mul_ps(*scale, _mm512_set1_ps(a.d));
-    let acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), scaled, acc);
-    _mm512_fnmadd_ps(_mm512_load_ps(a.sums.as_ptr()), *offset, acc)
+    match B::OFFSET_LOG2 {
+        Some(_) => {
+            let s = _mm512_sub_epi32(s, _mm512_load_si512(a.sums.as_ptr() as *const _));
+            _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), scaled, acc)
+        }
+        None => {
+            let acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), scaled, acc);
+            _mm512_fnmadd_ps(_mm512_load_ps(a.sums.as_ptr() as *const f32), *offset, acc)
+        }
+    }
 }
 
 /// # Safety
@@ -307,7 +334,7 @@ unsafe fn one_row<B: Unpack>(
         let u = x.unpack();
         for (r, acc) in acc[..rows].iter_mut().enumerate() {
             let a = &acts[r * kb + b];
-            *acc = block_dot(&u, &load_act(a), a, *acc);
+            *acc = block_dot::<B>(&u, &load_act(a), a, *acc);
         }
     }
     for (o, acc) in out[..rows].iter_mut().zip(&acc[..rows]) {
@@ -336,8 +363,8 @@ unsafe fn two_rows<B: Unpack>(
         for r in 0..rows {
             let a = &acts[r * kb + b];
             let av = load_act(a);
-            acc0[r] = block_dot(&u0, &av, a, acc0[r]);
-            acc1[r] = block_dot(&u1, &av, a, acc1[r]);
+            acc0[r] = block_dot::<B>(&u0, &av, a, acc0[r]);
+            acc1[r] = block_dot::<B>(&u1, &av, a, acc1[r]);
         }
     }
     for (out, acc) in [(out0, acc0), (out1, acc1)] {
