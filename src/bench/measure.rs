@@ -1,6 +1,6 @@
 //! Model costs for a report: measured in the bench's own run, every model side by side.
 
-use crate::config::{Plan, TrimmedModel};
+use crate::config::{distinct_trimmed_vocabularies, Plan};
 use crate::costs;
 use crate::error::{Error, Result};
 use crate::model::ModelStore;
@@ -45,11 +45,14 @@ const REPS: usize = 8;
 /// Measures r(k) for the target (the first subject) and the cost coefficient of every other
 /// subject: a model, or a model scoring a trimmed vocabulary (named as such).
 pub fn measure_costs(subjects: &[costs::Subject]) -> Result<(VerifyCost, Vec<ModelCost>)> {
+    let Some(target) = subjects.first() else {
+        return Err(Error::config("bench", "no model to measure"));
+    };
     let costs::Measurement {
         costs: measured,
         cpu_share,
     } = costs::measure(subjects, REPS)?;
-    let target = subjects[0].model;
+    let target = target.model;
     let (t, tp) = (
         measured[0].decode_seconds,
         target.weights.param_count() as f64,
@@ -89,17 +92,7 @@ pub fn measure_store_costs(
             "the target model was not loaded",
         )
     })?;
-    let mut trimmed: Vec<TrimmedModel> = Vec::new();
-    for plan in plans {
-        for (model, tokens) in plan.trimmed_vocabularies(store)? {
-            if !trimmed
-                .iter()
-                .any(|(m, v)| m.path == model.path && *v == tokens)
-            {
-                trimmed.push((model, tokens));
-            }
-        }
-    }
+    let trimmed = distinct_trimmed_vocabularies(plans, store)?;
     let subjects: Vec<costs::Subject> = std::iter::once(t.as_ref().into())
         .chain(others.into_iter().map(|m| m.as_ref().into()))
         .chain(trimmed.iter().map(|(m, v)| costs::Subject {

@@ -298,8 +298,7 @@ pub fn calibrate(args: CalibrateArgs) -> Result<()> {
     use cascade::costs::{CostCache, CostEvent, Subject};
     let mut store = ModelStore::default();
     let mut models = Vec::new();
-    // Drafters with a trimmed vocabulary: their model and the tokens they score.
-    let mut trimmed: Vec<cascade::config::TrimmedModel> = Vec::new();
+    let mut plans = Vec::new();
     for path in &args.configs {
         let plan = load_plan(path, &RawConfig::load(path)?)?;
         for m in plan.models() {
@@ -317,15 +316,10 @@ pub fn calibrate(args: CalibrateArgs) -> Result<()> {
                 models.push(loaded);
             }
         }
-        for (model, tokens) in plan.trimmed_vocabularies(&store)? {
-            if !trimmed
-                .iter()
-                .any(|(x, t)| x.path == model.path && *t == tokens)
-            {
-                trimmed.push((model, tokens));
-            }
-        }
+        plans.push(plan);
     }
+    let trimmed =
+        cascade::config::distinct_trimmed_vocabularies(&plans.iter().collect::<Vec<_>>(), &store)?;
     let path = args.cache.unwrap_or_else(CostCache::default_path);
     // Everything is measured again: an unreadable cache is replaced.
     let mut cache = CostCache::open(&path).unwrap_or_else(|e| {

@@ -84,6 +84,25 @@ impl Plan {
     }
 }
 
+/// [`Plan::trimmed_vocabularies`] of several plans, each (model, tokens) pair once.
+pub fn distinct_trimmed_vocabularies(
+    plans: &[&Plan],
+    store: &ModelStore,
+) -> Result<Vec<TrimmedModel>> {
+    let mut distinct: Vec<TrimmedModel> = Vec::new();
+    for plan in plans {
+        for (model, tokens) in plan.trimmed_vocabularies(store)? {
+            if !distinct
+                .iter()
+                .any(|(m, t)| m.path == model.path && *t == tokens)
+            {
+                distinct.push((model, tokens));
+            }
+        }
+    }
+    Ok(distinct)
+}
+
 /// A model's file name, which names its instances (in messages and per-model counters).
 pub fn file_label(path: &Path) -> String {
     path.file_name()

@@ -36,7 +36,9 @@ mod registry;
 mod schema;
 mod validate;
 
-pub use build::{check_vocab, file_label, trimmed_tokens, TrimmedModel};
+pub use build::{
+    check_vocab, distinct_trimmed_vocabularies, file_label, trimmed_tokens, TrimmedModel,
+};
 pub use registry::{PluginContext, Registry};
 pub use schema::{RawConfig, RawDrafter, RawGeneration, RawTarget, BUILT_IN_KINDS};
 pub use validate::{

@@ -416,7 +416,8 @@ fn kernel_family_settings() {
     }
 }
 
-/// Development timing (not a test of speed): `KT=k,n cargo test --release --lib kernel_timing -- --ignored --nocapture`.
+/// Development timing (not a test of speed): `KT=k,n [CASCADE_KERNELS=avx512] cargo test
+/// --release --lib kernel_timing -- --ignored --nocapture` (AVX2 unless the family is named).
 #[test]
 #[ignore]
 fn kernel_timing() {
@@ -432,11 +433,15 @@ fn kernel_timing() {
     let w6: Vec<BlockQ6K> = blocks(n * kq / 256, 1);
     let w5: Vec<BlockQ5_0> = blocks(n * k / 32, 1);
     let w8: Vec<BlockQ8_0> = blocks(n * k / 32, 1);
+    let family = match std::env::var(super::KERNELS_ENV) {
+        Ok(_) => Kernels::detect().unwrap(),
+        Err(_) => Kernels::Avx2,
+    };
     let all = [
-        ("q4k", Packed::new(Q4K(&w4), kq, Kernels::Avx2)),
-        ("q6k", Packed::new(Q6K(&w6), kq, Kernels::Avx2)),
-        ("q5_0", Packed::new(Q5_0(&w5), k, Kernels::Avx2)),
-        ("q8_0", Packed::new(Q8_0(&w8), k, Kernels::Avx2)),
+        ("q4k", Packed::new(Q4K(&w4), kq, family)),
+        ("q6k", Packed::new(Q6K(&w6), kq, family)),
+        ("q5_0", Packed::new(Q5_0(&w5), k, family)),
+        ("q8_0", Packed::new(Q8_0(&w8), k, family)),
     ];
     for (name, p) in &all {
         let k = if name.starts_with("q4k") || name.starts_with("q6k") {
