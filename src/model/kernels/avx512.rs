@@ -123,7 +123,8 @@ impl ActBlock {
 }
 
 /// A repacked block unpacked into registers: the four value vectors (unsigned bytes), and per
-/// 32-bit lane the scale of its values and the offset to subtract per unit of activation sum.
+/// 32-bit lane the scale of its values and (formats without [`Unpack::OFFSET_LOG2`]) the
+/// offset to subtract per unit of activation sum.
 pub(super) trait Unpack {
     /// Formats whose stored values all carry the same offset, a power of two (Q6_K 32, Q5_0 16,
     /// Q8_0 128): its log2. Its products then come off the integer sums, exactly (a row of zero
