@@ -500,10 +500,10 @@ fn gemma3_tokenizer_gives_the_reference_ids_and_decodes_back() {
 /// same weights (`scripts/gemma3-reference.py`: its first 11 greedy tokens, each ahead of the
 /// runner-up by more than 0.25 in logit there): fed those tokens, the model ranks each one
 /// first or within 0.5 of its first, with its logits as spread as the model's, at every step;
-/// and it answers sensibly. Greedy decoding
-/// itself is not compared: 8-bit activations move Gemma's logits by a few tenths (its massive
-/// activations make a block's scale coarse: AVX-512 kernels, one scale per 256 values, took
-/// a runner-up 0.05 ahead at step 5), while a wrong architecture misses by far more.
+/// and it answers sensibly. Greedy decoding itself is not compared: 8-bit activations move
+/// Gemma's logits by a few tenths (its massive activations make a block's scale coarse: the
+/// AVX-512 kernels, one scale per 256 values, took a runner-up 0.05 ahead at step 5), while a
+/// wrong architecture misses by far more.
 #[test]
 fn gemma3_architecture_scores_like_the_reference() {
     let _s = serial();

@@ -92,7 +92,7 @@ pub fn measure_store_costs(
             "the target model was not loaded",
         )
     })?;
-    let trimmed = distinct_trimmed_vocabularies(plans, store)?;
+    let trimmed = distinct_trimmed_vocabularies(plans.iter().copied(), store)?;
     let subjects: Vec<costs::Subject> = std::iter::once(t.as_ref().into())
         .chain(others.into_iter().map(|m| m.as_ref().into()))
         .chain(trimmed.iter().map(|(m, v)| costs::Subject {

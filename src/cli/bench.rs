@@ -318,8 +318,7 @@ pub fn calibrate(args: CalibrateArgs) -> Result<()> {
         }
         plans.push(plan);
     }
-    let trimmed =
-        cascade::config::distinct_trimmed_vocabularies(&plans.iter().collect::<Vec<_>>(), &store)?;
+    let trimmed = cascade::config::distinct_trimmed_vocabularies(&plans, &store)?;
     let path = args.cache.unwrap_or_else(CostCache::default_path);
     // Everything is measured again: an unreadable cache is replaced.
     let mut cache = CostCache::open(&path).unwrap_or_else(|e| {

@@ -85,8 +85,8 @@ impl Plan {
 }
 
 /// [`Plan::trimmed_vocabularies`] of several plans, each (model, tokens) pair once.
-pub fn distinct_trimmed_vocabularies(
-    plans: &[&Plan],
+pub fn distinct_trimmed_vocabularies<'a>(
+    plans: impl IntoIterator<Item = &'a Plan>,
     store: &ModelStore,
 ) -> Result<Vec<TrimmedModel>> {
     let mut distinct: Vec<TrimmedModel> = Vec::new();

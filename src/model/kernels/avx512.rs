@@ -3,9 +3,9 @@
 //! Per 256-value block and activation row: four `vpdpbusd`, one conversion, a multiply and a
 //! fused multiply-add, with the scales applied per 32-bit lane after the integer sums. Formats
 //! stored plus a constant take its products off the integer sums (one subtraction, exact);
-//! Q4_K's mins take a second fused multiply-add. Weight
-//! blocks are unpacked once for all activation rows; above [`PAIR_ABOVE`] rows, weight rows go
-//! in pairs so that each activation vector is loaded once for both.
+//! Q4_K's mins take a second fused multiply-add. Weight blocks are unpacked once for all
+//! activation rows; above [`PAIR_ABOVE`] rows, weight rows go in pairs so that each activation
+//! vector is loaded once for both.
 
 use super::layout::{f16_to_f32, PackedQ4K, PackedQ5_0, PackedQ6K, PackedQ8_0, QK, WIDE};
 use super::{for_each_output, prefetch, Tile, MAX_ROWS};
