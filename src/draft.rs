@@ -77,6 +77,10 @@ pub struct Request<'a> {
     /// The most tokens this request may admit, and how many it has.
     cap: usize,
     used: usize,
+    /// The most tokens the draft may still grow by from where this request began: the
+    /// horizon over which a drafter's forward is weighed ([`Request::worth_drafting`]), more
+    /// than `cap` for a drafter asked one token at a time ([`Request::step`]).
+    horizon: usize,
     /// Whether the gate declined a token (rather than the cap ending the draft).
     declined: bool,
     /// The reviewer's vocabulary size: token ids must be below it.
@@ -103,6 +107,7 @@ impl<'a> Request<'a> {
             source,
             cap,
             used: 0,
+            horizon: cap,
             declined: false,
             vocab,
             cancel: None,
@@ -170,8 +175,13 @@ impl<'a> Request<'a> {
     /// run would cost `then` seconds (a draft model's first forward of a round also catches
     /// up on the text since its last draft, so it costs more than the ones after it).
     pub fn worth_drafting(&mut self, cost: f64, then: f64) -> bool {
-        let max = self.remaining();
-        max > 0 && self.gate.worth_drafting(&self.source, cost, then, max)
+        self.remaining() > 0
+            && (self.gate).worth_drafting(&self.source, cost, then, self.horizon_left())
+    }
+
+    /// Tokens the draft may still grow by: what a drafter's forward is weighed over.
+    fn horizon_left(&self) -> usize {
+        self.horizon.saturating_sub(self.used)
     }
 
     /// Whether to spend `cost` seconds reading the text before a first draft (a draft model
@@ -179,7 +189,7 @@ impl<'a> Request<'a> {
     /// against the rest of the generation rather than this round. If not, the drafter proposes
     /// nothing this round.
     pub fn worth_catching_up(&mut self, cost: f64) -> bool {
-        let max = self.remaining();
+        let max = self.horizon_left();
         self.gate.worth_catching_up(&self.source, cost, None, max)
     }
 
@@ -187,7 +197,7 @@ impl<'a> Request<'a> {
     /// `tokens` of text from the start (a prefill: on average each token attends to half),
     /// and only if drafting with it, at that cost, is expected to save more than the reading.
     pub fn worth_reading(&mut self, tokens: usize, cost: Option<&ForwardCost>) -> bool {
-        let max = self.remaining();
+        let max = self.horizon_left();
         let Some(c) = cost else {
             return self.gate.worth_catching_up(&self.source, 0.0, None, max);
         };
@@ -211,6 +221,18 @@ impl<'a> Request<'a> {
     /// request's gate (a horizontal cascade asks its parts this way).
     pub fn part(&mut self, source: &Source, cap: usize) -> Request<'_> {
         let cap = cap.min(self.remaining());
+        self.part_within(source, cap, cap)
+    }
+
+    /// A part of one token whose drafter's forwards are still weighed over the rest of the
+    /// draft: for a draft model taking turns with cheaper drafters position by position (its
+    /// run goes on at the next ask, unless a cheaper one has taken the position).
+    pub fn step(&mut self, source: &Source) -> Request<'_> {
+        let horizon = self.remaining().min(self.horizon_left());
+        self.part_within(source, horizon.min(1), horizon)
+    }
+
+    fn part_within(&mut self, source: &Source, cap: usize, horizon: usize) -> Request<'_> {
         Request {
             sampling: self.sampling,
             rng: self.rng,
@@ -218,6 +240,7 @@ impl<'a> Request<'a> {
             source: source.clone(),
             cap,
             used: 0,
+            horizon,
             declined: false,
             vocab: self.vocab,
             cancel: self.cancel.clone(),

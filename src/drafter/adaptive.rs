@@ -1,7 +1,7 @@
 //! Dynamic horizontal cascade: each position of a draft goes to the cheapest drafter that is
 //! worth it there.
 
-use super::horizontal::ask_part;
+use super::horizontal::{ask_part, Share};
 use crate::draft::{Draft, Drafter, NodeKind, NodeStats, Request};
 use crate::error::Result;
 use crate::gate::Source;
@@ -13,10 +13,12 @@ use crate::gate::Source;
 /// long or frequent match, a neural cascade where it is confident, and nothing drafts where
 /// neither pays: the round is then a plain decode step. A part whose token the gate declined
 /// is not asked again at the same place (a draft model would pay for the same forward to be
-/// declined again).
+/// declined again). A draft model is asked for one token at a time (each of its forwards
+/// gives one anyway), so that a cheaper drafter can take over wherever a match appears in the
+/// middle of the model's run; a cascade is asked for its whole run (it reviews each ask).
 pub struct AdaptiveCascade {
     name: String,
-    parts: Vec<(Box<dyn Drafter>, Source)>,
+    parts: Vec<(Box<dyn Drafter>, Source, Share)>,
 }
 
 impl AdaptiveCascade {
@@ -28,7 +30,11 @@ impl AdaptiveCascade {
                 .into_iter()
                 .map(|d| {
                     let source = d.name().into();
-                    (d, source)
+                    let share = match d.stats().kind {
+                        NodeKind::Model => Share::Step,
+                        _ => Share::UpTo(usize::MAX),
+                    };
+                    (d, source, share)
                 })
                 .collect(),
         }
@@ -36,7 +42,7 @@ impl AdaptiveCascade {
 
     /// The parts, in order (to take back a drafter lent to a cascade for one request).
     pub fn into_parts(self) -> Vec<Box<dyn Drafter>> {
-        self.parts.into_iter().map(|(d, _)| d).collect()
+        self.parts.into_iter().map(|(d, ..)| d).collect()
     }
 }
 
@@ -51,12 +57,13 @@ impl Drafter for AdaptiveCascade {
         // Where the gate last declined each part's token (a length of `seq`).
         let mut declined_at = vec![None; self.parts.len()];
         'positions: while request.remaining() > 0 {
-            for ((drafter, source), declined_at) in self.parts.iter_mut().zip(&mut declined_at) {
+            for ((drafter, source, share), declined_at) in
+                self.parts.iter_mut().zip(&mut declined_at)
+            {
                 if *declined_at == Some(seq.len()) {
                     continue;
                 }
-                let cap = request.remaining();
-                let (draft, declined) = ask_part(drafter.as_mut(), source, &seq, request, cap)?;
+                let (draft, declined) = ask_part(drafter.as_mut(), source, &seq, request, *share)?;
                 seq.extend_from_slice(draft.tokens());
                 if declined {
                     *declined_at = Some(seq.len());
@@ -72,28 +79,30 @@ impl Drafter for AdaptiveCascade {
     }
 
     fn commit(&mut self, context: &[u32]) {
-        self.parts.iter_mut().for_each(|(d, _)| d.commit(context));
+        self.parts.iter_mut().for_each(|(d, ..)| d.commit(context));
     }
 
     fn start(&mut self, prompt: &[u32]) -> Result<()> {
-        self.parts.iter_mut().try_for_each(|(d, _)| d.start(prompt))
+        self.parts
+            .iter_mut()
+            .try_for_each(|(d, ..)| d.start(prompt))
     }
 
     fn finish(&mut self, output: &[u32]) -> Result<()> {
         // Every part records the output, even after one fails; the first failure is reported.
         self.parts
             .iter_mut()
-            .map(|(d, _)| d.finish(output))
+            .map(|(d, ..)| d.finish(output))
             .fold(Ok(()), Result::and)
     }
 
     fn forget(&mut self) {
-        self.parts.iter_mut().for_each(|(d, _)| d.forget());
+        self.parts.iter_mut().for_each(|(d, ..)| d.forget());
     }
 
     fn stats(&self) -> NodeStats {
         NodeStats {
-            children: self.parts.iter().map(|(d, _)| d.stats()).collect(),
+            children: self.parts.iter().map(|(d, ..)| d.stats()).collect(),
             ..NodeStats::new(&self.name, NodeKind::Adaptive)
         }
     }
@@ -156,5 +165,107 @@ mod tests {
         let mut request = Request::new(&sampling, &mut rng, &mut gate, "a".into(), 8, 4);
         let draft = cascade.draft(&[0, 1], &mut request).unwrap();
         assert_eq!((draft.len(), calls.load(Ordering::Relaxed)), (2, 1));
+    }
+
+    /// A draft model in miniature: before each forward it asks the gate, paying `cost.0`
+    /// seconds for a forward that catches up on text it has not seen and `cost.1` for one
+    /// that only feeds its own last token; it drafts token 1 with confidence 0.99.
+    struct MiniModel {
+        cost: (f64, f64),
+        seen: usize,
+    }
+
+    impl Drafter for MiniModel {
+        fn name(&self) -> &str {
+            "model"
+        }
+
+        fn draft(&mut self, context: &[u32], request: &mut Request) -> Result<Draft> {
+            let mut seq = context.to_vec();
+            let mut draft = Draft::new();
+            loop {
+                let cost = match seq.len() > self.seen + 1 {
+                    true => self.cost.0,
+                    false => self.cost.1,
+                };
+                if !request.worth_drafting(cost, self.cost.1) || !request.admit(Some(0.99)) {
+                    return Ok(draft);
+                }
+                self.seen = seq.len();
+                seq.push(1);
+                draft.push(1, Dist::Point(1));
+            }
+        }
+
+        fn stats(&self) -> NodeStats {
+            NodeStats::new("model", NodeKind::Model)
+        }
+    }
+
+    /// Copies token 7 wherever the text is `at` tokens long, and drafts nothing elsewhere.
+    struct CopyAt {
+        at: usize,
+    }
+
+    impl Drafter for CopyAt {
+        fn name(&self) -> &str {
+            "copy"
+        }
+
+        fn draft(&mut self, context: &[u32], request: &mut Request) -> Result<Draft> {
+            let mut draft = Draft::new();
+            if context.len() == self.at && request.admit(Some(0.99)) {
+                draft.push(7, Dist::Point(7));
+            }
+            Ok(draft)
+        }
+    }
+
+    fn cascade_draft(parts: Vec<Box<dyn Drafter>>, mut gate: Gate, k: usize) -> Vec<u32> {
+        let mut cascade = AdaptiveCascade::new("a", parts);
+        let (sampling, mut rng) = (Sampling::default(), Rng::seed_from_u64(1));
+        let mut request = Request::new(&sampling, &mut rng, &mut gate, "a".into(), k, 8);
+        cascade
+            .draft(&[0, 0], &mut request)
+            .unwrap()
+            .tokens()
+            .to_vec()
+    }
+
+    /// A draft model drafts one position per ask, so a cheaper part is asked again at every
+    /// position and takes over where it has something, in the middle of the model's run.
+    #[test]
+    fn a_cheaper_part_takes_over_in_the_middle_of_a_draft_models_run() {
+        let parts: Vec<Box<dyn Drafter>> = vec![
+            Box::new(CopyAt { at: 4 }),
+            Box::new(MiniModel {
+                cost: (0.0, 0.0),
+                seen: 0,
+            }),
+        ];
+        assert_eq!(cascade_draft(parts, Gate::fixed(), 5), [1, 1, 7, 1, 1]);
+    }
+
+    /// Asked one position at a time, a draft model is still weighed over the run it may start:
+    /// a first forward too dear for one position is paid for a run that repays it.
+    #[test]
+    fn a_draft_models_first_forward_is_weighed_over_the_whole_draft() {
+        // 10 ms per decode step, each extra token verified 1 ms.
+        let verify = ForwardCost {
+            decode_seconds: 0.01,
+            ratios: (1..=16).map(|k| (k, 1.0 + 0.1 * (k - 1) as f64)).collect(),
+            per_context: Vec::new(),
+        };
+        let gate = || Gate::adaptive(Adaptive::new(verify.clone()));
+        // At 100 tokens/s, a 12 ms forward for one position expected to give 0.8 tokens does
+        // not pay; a run of eight 1 ms positions after it does.
+        let model = || -> Vec<Box<dyn Drafter>> {
+            vec![Box::new(MiniModel {
+                cost: (0.012, 0.001),
+                seen: 0,
+            })]
+        };
+        assert_eq!(cascade_draft(model(), gate(), 8).len(), 8);
+        assert!(cascade_draft(model(), gate(), 1).is_empty());
     }
 }

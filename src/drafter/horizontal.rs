@@ -37,7 +37,16 @@ impl HorizontalCascade {
     }
 }
 
-/// Asks `drafter` (as `source`) for up to `cap` tokens continuing `seq`, through a part of
+/// How much of a draft a part is asked for.
+#[derive(Clone, Copy)]
+pub(crate) enum Share {
+    /// Up to this many tokens ([`Request::part`]).
+    UpTo(usize),
+    /// One token, its forwards weighed over the rest of the draft ([`Request::step`]).
+    Step,
+}
+
+/// Asks `drafter` (as `source`) for its `share` of tokens continuing `seq`, through a part of
 /// `request`, and holds it to the contract. Also says whether the gate declined its next
 /// token ([`Request::declined`]).
 pub(crate) fn ask_part(
@@ -45,9 +54,12 @@ pub(crate) fn ask_part(
     source: &Source,
     seq: &[u32],
     request: &mut Request,
-    cap: usize,
+    share: Share,
 ) -> Result<(Draft, bool)> {
-    let mut part = request.part(source, cap);
+    let mut part = match share {
+        Share::UpTo(cap) => request.part(source, cap),
+        Share::Step => request.step(source),
+    };
     let draft = drafter.draft(seq, &mut part)?;
     part.check(&draft, drafter.name())?;
     let (admitted, declined) = (part.admitted(), part.declined());
@@ -67,7 +79,13 @@ impl Drafter for HorizontalCascade {
             if request.remaining() == 0 {
                 break;
             }
-            let (draft, _) = ask_part(p.drafter.as_mut(), &p.source, &seq, request, p.share)?;
+            let (draft, _) = ask_part(
+                p.drafter.as_mut(),
+                &p.source,
+                &seq,
+                request,
+                Share::UpTo(p.share),
+            )?;
             seq.extend_from_slice(draft.tokens());
             out.append(draft);
         }
