@@ -175,8 +175,8 @@ impl<'a> Request<'a> {
     /// run would cost `then` seconds (a draft model's first forward of a round also catches
     /// up on the text since its last draft, so it costs more than the ones after it).
     pub fn worth_drafting(&mut self, cost: f64, then: f64) -> bool {
-        self.remaining() > 0
-            && (self.gate).worth_drafting(&self.source, cost, then, self.horizon_left())
+        let max = self.horizon_left();
+        self.remaining() > 0 && self.gate.worth_drafting(&self.source, cost, then, max)
     }
 
     /// Tokens the draft may still grow by: what a drafter's forward is weighed over.
