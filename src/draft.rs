@@ -77,9 +77,9 @@ pub struct Request<'a> {
     /// The most tokens this request may admit, and how many it has.
     cap: usize,
     used: usize,
-    /// The most tokens the draft may still grow by from where this request began: the
-    /// horizon over which a drafter's forward is weighed ([`Request::worth_drafting`]), more
-    /// than `cap` for a drafter asked one token at a time ([`Request::step`]).
+    /// The most tokens this drafter's run may reach from where this request began: the
+    /// horizon over which its forwards are weighed ([`Request::worth_drafting`]); `cap`
+    /// except for a drafter asked one token at a time ([`Request::step`]).
     horizon: usize,
     /// Whether the gate declined a token (rather than the cap ending the draft).
     declined: bool,
@@ -179,7 +179,7 @@ impl<'a> Request<'a> {
         self.remaining() > 0 && self.gate.worth_drafting(&self.source, cost, then, max)
     }
 
-    /// Tokens the draft may still grow by: what a drafter's forward is weighed over.
+    /// Tokens this drafter's run may still reach: what its next forward is weighed over.
     fn horizon_left(&self) -> usize {
         self.horizon.saturating_sub(self.used)
     }
@@ -228,8 +228,8 @@ impl<'a> Request<'a> {
     /// draft: for a draft model taking turns with cheaper drafters position by position (its
     /// run goes on at the next ask, unless a cheaper one has taken the position).
     pub fn step(&mut self, source: &Source) -> Request<'_> {
-        let horizon = self.remaining().min(self.horizon_left());
-        self.part_within(source, horizon.min(1), horizon)
+        let (cap, horizon) = (self.remaining().min(1), self.horizon_left());
+        self.part_within(source, cap, horizon)
     }
 
     fn part_within(&mut self, source: &Source, cap: usize, horizon: usize) -> Request<'_> {

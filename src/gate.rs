@@ -541,9 +541,16 @@ impl Gate {
             _ => calibration.first,
         } * calibration.admitted;
         let pays = p.run_value(n, a, (cost, then), max) > 0.0;
-        // A drafter declined at the start of its run is retried now and then, so that what
-        // it learned does not go stale; but not if it could not pay even when always right.
-        let retry = !run
+        // A drafter declined before its first position of the round is retried now and then
+        // (once a round at most), so that what it learned does not go stale; but not if it
+        // could not pay even when always right. One that has drafted this round, and is asked
+        // again after a cheaper drafter took a position over, is neither retried nor counted
+        // as declined: it is being used.
+        let fresh = !run
+            && !self.positions.iter().any(|q| q.source == *source)
+            && !p.retried.contains(source)
+            && !p.declined.contains(source);
+        let retry = fresh
             && calibration.waited >= calibration.backoff
             && p.run_value(n, 1.0, (cost, then), max) > 0.0;
         if crate::engine::trace() {
@@ -568,7 +575,7 @@ impl Gate {
             p.paid.push((source.clone(), None));
             true
         } else {
-            if !run {
+            if fresh {
                 p.declined.push(source.clone());
             }
             false
@@ -901,6 +908,35 @@ mod tests {
         assert_eq!(admitted(&a, &[0.65; 4]), 0);
         // Other buckets keep their midpoints.
         assert_eq!(admitted(&a, &[0.99; 4]), 4);
+    }
+
+    /// A draft model asked again within a round, after a cheaper drafter took a position
+    /// over (the dynamic cascade asks it position by position), counts as declined once a
+    /// round at most, and once it has drafted in the round it is neither declined nor retried.
+    #[test]
+    fn a_draft_model_asked_again_within_a_round_is_declined_and_retried_once_at_most() {
+        let (model, copy): (Source, Source) = ("m".into(), "c".into());
+        let mut a = Adaptive::new(verify());
+        // A 35 ms forward at the fresh 0.8 acceptance does not pay at 20 tokens/s (0.8 tokens
+        // for 35 ms and a 10 ms verify row, 0.9 tokens' time); always right, it would (a
+        // retry is possible).
+        let ask = |gate: &mut Gate| gate.worth_drafting(&model, 0.035, 0.035, 8);
+        let mut gate = Gate::adaptive(a.clone());
+        assert!(!ask(&mut gate));
+        assert!(gate.admit(&copy, Some(0.99)));
+        assert!(!ask(&mut gate));
+        a.learn(&gate, 1);
+        assert_eq!(a.calibration("m").unwrap().waited, 1);
+        // The next round it is retried (it waited one round), drafts, and after the copy is
+        // asked again: not retried a second time.
+        let mut gate = Gate::adaptive(a.clone());
+        assert!(ask(&mut gate));
+        assert!(gate.admit(&model, Some(0.99)));
+        assert!(gate.admit(&copy, Some(0.99)));
+        assert!(!ask(&mut gate));
+        a.learn(&gate, 0);
+        let c = a.calibration("m").unwrap();
+        assert_eq!((c.waited, c.backoff), (0, 2));
     }
 
     #[test]

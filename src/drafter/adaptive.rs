@@ -13,9 +13,10 @@ use crate::gate::Source;
 /// long or frequent match, a neural cascade where it is confident, and nothing drafts where
 /// neither pays: the round is then a plain decode step. A part whose token the gate declined
 /// is not asked again at the same place (a draft model would pay for the same forward to be
-/// declined again). A draft model is asked for one token at a time (each of its forwards
-/// gives one anyway), so that a cheaper drafter can take over wherever a match appears in the
-/// middle of the model's run; a cascade is asked for its whole run (it reviews each ask).
+/// declined again). A draft model (a part whose [`NodeStats`] kind is [`NodeKind::Model`]) is
+/// asked for one token at a time (each of its forwards gives one anyway), so that a cheaper
+/// drafter can take over wherever a match appears in the middle of the model's run; every
+/// other part (a cascade, whose asks are review rounds; a plug-in) is asked for its whole run.
 pub struct AdaptiveCascade {
     name: String,
     parts: Vec<(Box<dyn Drafter>, Source, Share)>,
@@ -258,7 +259,7 @@ mod tests {
         };
         let gate = || Gate::adaptive(Adaptive::new(verify.clone()));
         // At 100 tokens/s, a 12 ms forward for one position expected to give 0.8 tokens does
-        // not pay; a run of eight 1 ms positions after it does.
+        // not pay; with a few 1 ms positions after it, the run does.
         let model = || -> Vec<Box<dyn Drafter>> {
             vec![Box::new(MiniModel {
                 cost: (0.012, 0.001),
