@@ -317,10 +317,12 @@ fn for_each_output(
     });
 }
 
-/// How far ahead (in bytes) the kernels prefetch weights: with many activation rows a block
-/// takes long enough to compute that the next ones can be fetched meanwhile.
+/// How far ahead (in bytes) the kernels prefetch weights: far enough for a one-token decode,
+/// which streams the weights from memory, to keep the memory busy (measured on an Intel Xeon:
+/// decode 10-12% faster than at 1 KB on both families, 8 KB no better, prefills unchanged);
+/// with many activation rows a block takes long enough to compute that any distance does.
 #[cfg(target_arch = "x86_64")]
-const PREFETCH: usize = 1024;
+const PREFETCH: usize = 4096;
 
 /// Prefetches the weights `PREFETCH` bytes after block `x`. The address may lie past the end
 /// of the weights: it is computed with wrapping arithmetic and only prefetched, never read
