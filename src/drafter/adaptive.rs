@@ -145,15 +145,19 @@ mod tests {
         }
     }
 
+    /// 10 ms per decode step, each extra token verified 1 ms.
+    fn verify() -> ForwardCost {
+        ForwardCost {
+            decode_seconds: 0.01,
+            ratios: (1..=16).map(|k| (k, 1.0 + 0.1 * (k - 1) as f64)).collect(),
+            per_context: Vec::new(),
+        }
+    }
+
     /// A part whose token the gate declined is not asked again at the same place: one call
     /// drafts the sure tokens and stops at the unsure one, which ends the draft.
     #[test]
     fn a_part_declined_by_the_gate_is_not_asked_again_there() {
-        let verify = ForwardCost {
-            decode_seconds: 0.01,
-            ratios: (1..=16).map(|k| (k, 1.0 + 0.1 * (k - 1) as f64)).collect(),
-            per_context: Vec::new(),
-        };
         let calls = Arc::new(AtomicUsize::new(0));
         let part = Scripted {
             confidences: vec![0.99, 0.99, 0.01, 0.99],
@@ -161,7 +165,7 @@ mod tests {
             calls: calls.clone(),
         };
         let mut cascade = AdaptiveCascade::new("a", vec![Box::new(part)]);
-        let mut gate = Gate::adaptive(Adaptive::new(verify));
+        let mut gate = Gate::adaptive(Adaptive::new(verify()));
         let (sampling, mut rng) = (Sampling::default(), Rng::seed_from_u64(1));
         let mut request = Request::new(&sampling, &mut rng, &mut gate, "a".into(), 8, 4);
         let draft = cascade.draft(&[0, 1], &mut request).unwrap();
@@ -251,13 +255,7 @@ mod tests {
     /// a first forward too dear for one position is paid for a run that repays it.
     #[test]
     fn a_draft_models_first_forward_is_weighed_over_the_whole_draft() {
-        // 10 ms per decode step, each extra token verified 1 ms.
-        let verify = ForwardCost {
-            decode_seconds: 0.01,
-            ratios: (1..=16).map(|k| (k, 1.0 + 0.1 * (k - 1) as f64)).collect(),
-            per_context: Vec::new(),
-        };
-        let gate = || Gate::adaptive(Adaptive::new(verify.clone()));
+        let gate = || Gate::adaptive(Adaptive::new(verify()));
         // At 100 tokens/s, a 12 ms forward for one position expected to give 0.8 tokens does
         // not pay; with a few 1 ms positions after it, the run does.
         let model = || -> Vec<Box<dyn Drafter>> {
