@@ -58,6 +58,12 @@ impl Draft {
     pub fn is_empty(&self) -> bool {
         self.tokens.is_empty()
     }
+
+    /// Keeps the first `len` tokens.
+    pub fn truncate(&mut self, len: usize) {
+        self.tokens.truncate(len);
+        self.dists.truncate(len);
+    }
 }
 
 /// What a drafter is asked for: up to [`Request::remaining`] tokens continuing a context,
@@ -68,7 +74,8 @@ impl Draft {
 /// the token (its distribution for that position, its state, the committed text and past
 /// reviews), never on the reviewer's view of the draft, so the review stays exact. With a
 /// fixed draft length the gate admits up to the length; an adaptive one stops where the
-/// expected tokens per second of the round are highest.
+/// expected tokens per second of the round are highest. A drafter stops after a token that ends
+/// the generation ([`Request::ends`]): nothing after it could be kept.
 pub struct Request<'a> {
     sampling: &'a Sampling,
     rng: &'a mut Rng,
@@ -87,6 +94,9 @@ pub struct Request<'a> {
     vocab: usize,
     /// Set when the generation is cancelled (its client left).
     cancel: Option<Arc<AtomicBool>>,
+    /// The tokens the generation stops at (end of sequence): nothing drafted after one of
+    /// them could be kept.
+    ends: Arc<[u32]>,
 }
 
 impl<'a> Request<'a> {
@@ -111,6 +121,7 @@ impl<'a> Request<'a> {
             declined: false,
             vocab,
             cancel: None,
+            ends: Arc::new([]),
         }
     }
 
@@ -119,6 +130,29 @@ impl<'a> Request<'a> {
     pub fn with_cancel(mut self, cancel: Option<Arc<AtomicBool>>) -> Self {
         self.cancel = cancel;
         self
+    }
+
+    /// The same request, for a generation that stops at any of `ends` (its end-of-sequence
+    /// tokens; none when it goes on past them).
+    pub fn with_ends(mut self, ends: Arc<[u32]>) -> Self {
+        self.ends = ends;
+        self
+    }
+
+    /// Whether `token` ends the generation: a drafter stops after proposing it, since nothing
+    /// after it could be kept (the reviewer cuts a draft there in any case).
+    pub fn ends(&self, token: u32) -> bool {
+        self.ends.contains(&token)
+    }
+
+    /// Whether `draft` holds a token that ends the generation: a cascade asks no part for more.
+    pub fn ended(&self, draft: &Draft) -> bool {
+        draft.tokens().iter().any(|&t| self.ends(t))
+    }
+
+    /// The tokens the generation stops at, for a cascade to pass on to its own reviews.
+    pub fn end_tokens(&self) -> Arc<[u32]> {
+        self.ends.clone()
     }
 
     /// Whether the generation was cancelled: a drafter should return what it has.
@@ -244,6 +278,7 @@ impl<'a> Request<'a> {
             declined: false,
             vocab: self.vocab,
             cancel: self.cancel.clone(),
+            ends: self.ends.clone(),
         }
     }
 
@@ -348,10 +383,29 @@ fn sum(p: &[f32]) -> f32 {
 /// A greedy draft of up to `k` tokens (the unit tests' drafters use ids below 2^20).
 #[cfg(test)]
 pub(crate) fn propose(drafter: &mut dyn Drafter, context: &[u32], k: usize) -> Draft {
+    propose_ending(drafter, context, k, &[])
+}
+
+/// [`propose`] for a generation that stops at `ends`.
+#[cfg(test)]
+pub(crate) fn propose_ending(
+    drafter: &mut dyn Drafter,
+    context: &[u32],
+    k: usize,
+    ends: &[u32],
+) -> Draft {
     use rand::SeedableRng;
-    let mut rng = Rng::seed_from_u64(0);
-    try_propose(drafter, context, k, 1 << 20, &Sampling::greedy(), &mut rng)
-        .expect("the drafter failed")
+    let (mut rng, mut gate, sampling) = (Rng::seed_from_u64(0), Gate::fixed(), Sampling::greedy());
+    let source = drafter.name().into();
+    let mut request =
+        Request::new(&sampling, &mut rng, &mut gate, source, k, 1 << 20).with_ends(ends.into());
+    let draft = drafter
+        .draft(context, &mut request)
+        .expect("the drafter failed");
+    request
+        .check(&draft, "test")
+        .expect("the drafter broke its contract");
+    draft
 }
 
 /// One draft of up to `k` tokens from `drafter` with a fixed-length gate, held to the contract

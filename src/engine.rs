@@ -300,6 +300,10 @@ impl Engine {
         let start = Instant::now();
         self.target.set_lenience(opts.lenience);
         self.target.set_cancel(opts.cancel.clone());
+        self.target.set_ends(match opts.ignore_eos {
+            true => Arc::new([]),
+            false => self.tokenizer.eos_ids().into(),
+        });
         if let Some(d) = self.drafter.as_mut() {
             d.start(prompt)?;
         }

@@ -364,6 +364,8 @@ pub struct Gate {
 #[derive(Debug)]
 struct Policy {
     adaptive: Adaptive,
+    /// Each admitted position's estimated chance of acceptance.
+    chances: Vec<f64>,
     /// P(every position so far is accepted), E(n), D(n) in seconds.
     all_kept: f64,
     expected: f64,
@@ -461,6 +463,7 @@ impl Gate {
             positions: Vec::new(),
             policy: Some(Policy {
                 adaptive,
+                chances: Vec::new(),
                 all_kept: 1.0,
                 expected: 1.0,
                 drafting: 0.0,
@@ -506,6 +509,7 @@ impl Gate {
             }
             p.expected += gain;
             p.all_kept *= a;
+            p.chances.push(a);
             p.last = Some((source.clone(), a));
         }
         self.positions.push(Position {
@@ -623,6 +627,22 @@ impl Gate {
             p.invested += cost;
         }
         worth
+    }
+
+    /// Keeps the first `len` admitted positions: the reviewer verifies only those (a draft
+    /// is cut after a token that ends the generation). What the round is predicted to emit
+    /// and cost follows.
+    pub(crate) fn truncate(&mut self, len: usize) {
+        self.positions.truncate(len);
+        if let Some(p) = &mut self.policy {
+            p.chances.truncate(len);
+            p.all_kept = 1.0;
+            p.expected = 1.0;
+            for a in &p.chances {
+                p.all_kept *= a;
+                p.expected += p.all_kept;
+            }
+        }
     }
 
     /// The admitted positions, in draft order.

@@ -63,6 +63,8 @@ pub struct Reviewer {
     sampled: bool,
     /// Set when the generation is cancelled: passed to the drafts this reviewer asks for.
     cancel: Option<Arc<AtomicBool>>,
+    /// The tokens the generation stops at: a draft is cut after the first of them.
+    ends: Arc<[u32]>,
 }
 
 impl Reviewer {
@@ -77,6 +79,7 @@ impl Reviewer {
             adaptive: None,
             sampled: false,
             cancel: None,
+            ends: Arc::new([]),
         }
     }
 
@@ -84,6 +87,13 @@ impl Reviewer {
     /// prompt stops between chunks once it is set, and so do the drafters asked below.
     pub fn set_cancel(&mut self, cancel: Option<Arc<AtomicBool>>) {
         self.cancel = cancel;
+    }
+
+    /// The tokens the generation stops at (its end-of-sequence tokens; none when it goes on
+    /// past them): drafts are cut after the first of them, since nothing after it could be
+    /// kept, and drafters are told to stop there ([`Request::ends`]).
+    pub fn set_ends(&mut self, ends: Arc<[u32]>) {
+        self.ends = ends;
     }
 
     /// Sizes drafts adaptively (see [`crate::gate`]), with this model's measured forward
@@ -206,9 +216,15 @@ impl Reviewer {
                 let source: Source = d.name().into();
                 let vocab = self.model().vocab_size();
                 let mut request = Request::new(sampling, rng, &mut gate, source, k, vocab)
-                    .with_cancel(self.cancel.clone());
-                let draft = d.draft(context, &mut request)?;
+                    .with_cancel(self.cancel.clone())
+                    .with_ends(self.ends.clone());
+                let mut draft = d.draft(context, &mut request)?;
                 request.check(&draft, d.name())?;
+                // Nothing after an end of the text can be kept: not worth verifying.
+                if let Some(i) = draft.tokens().iter().position(|t| self.ends.contains(t)) {
+                    draft.truncate(i + 1);
+                    gate.truncate(i + 1);
+                }
                 draft
             }
             _ => Draft::new(),

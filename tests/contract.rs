@@ -3,8 +3,9 @@
 //! could not have drawn (or one that does not fit the vocabulary, does not sum to 1 or lists a
 //! token twice), is a clear error wherever it sits
 //! in the tree (the target's review, a vertical cascade's, a horizontal cascade's part), never
-//! an index out of bounds; an empty context is an error, not a panic; and a drafter that
-//! cannot record a finished output costs a warning, never the output.
+//! an index out of bounds; an empty context is an error, not a panic; a drafter that cannot
+//! record a finished output costs a warning, never the output; and what a drafter proposes
+//! after a token that ends the generation is never verified.
 
 mod common;
 
@@ -15,7 +16,7 @@ use cascade::model::Logits;
 use cascade::review::{review, Verdict};
 use cascade::sampling::{Dist, Rng, Sampling};
 use cascade::Error;
-use common::{toy_tokenizer, ToyModel};
+use common::{toy_tokenizer, toy_tokenizer_ending, ToyModel};
 use rand::SeedableRng;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -436,4 +437,74 @@ fn a_drafter_with_a_shorter_context_stops_drafting_where_the_text_outgrows_it() 
     ))));
     assert_eq!(vertical.tokens, plain.tokens);
     assert_eq!(vertical.stats.drafted, 0);
+}
+
+/// A plug-in that proposes its tokens, as many as it is admitted, and stops at nothing.
+struct Fixed(Vec<u32>);
+
+impl Drafter for Fixed {
+    fn name(&self) -> &str {
+        "fixed"
+    }
+
+    fn draft(&mut self, _: &[u32], request: &mut Request) -> cascade::Result<Draft> {
+        let mut d = Draft::new();
+        for &t in &self.0 {
+            if !request.admit(None) {
+                break;
+            }
+            d.push(t, Dist::Point(t));
+        }
+        Ok(d)
+    }
+}
+
+/// Nothing drafted after a token that ends the generation could be kept, so a draft is cut
+/// after it before it is scored, at every level (the target's review, a vertical cascade's, a
+/// horizontal cascade's part), whatever the drafter proposes beyond it. A generation that goes
+/// on past end tokens (`ignore_eos`) scores the whole draft. The output is the target's either
+/// way.
+#[test]
+fn a_draft_is_cut_after_a_token_that_ends_the_generation() {
+    const END: u32 = 5;
+    type Make = fn() -> Box<dyn Drafter>;
+    fn fixed() -> Box<dyn Drafter> {
+        Box::new(Fixed(vec![END, 1, 2, 3]))
+    }
+    // The positions the level's reviews score at most, when END ends the generation and when
+    // it does not: the plug-in alone drafts 4 (k), in a vertical cascade 3 (its inner k), as
+    // a horizontal cascade's part 2 after the draft model's 1.
+    let levels: [(&str, Make, [usize; 2]); 3] = [
+        ("the target's review", fixed, [1, 4]),
+        ("a vertical cascade's review", || vertical(fixed()), [1, 3]),
+        (
+            "a horizontal cascade's part",
+            || horizontal(fixed()),
+            [2, 3],
+        ),
+    ];
+    let run = |drafter: Option<Box<dyn Drafter>>, ignore_eos: bool| {
+        let tokenizer = toy_tokenizer_ending(VOCAB, vec![END]);
+        let mut e = Engine::new(toy(), drafter, tokenizer);
+        let opts = GenerateOptions {
+            max_new_tokens: 12,
+            k: 4,
+            ignore_eos,
+            ..Default::default()
+        };
+        e.generate(&[1, 2], &opts, &mut |_| {}).unwrap()
+    };
+    for (level, make, scored) in levels {
+        for (ignore_eos, scored) in [(false, scored[0]), (true, scored[1])] {
+            let what = format!("{level}, ignore_eos {ignore_eos}");
+            let g = run(Some(make()), ignore_eos);
+            assert_eq!(g.tokens, run(None, ignore_eos).tokens, "{what}");
+            let node = g.drafter.as_ref().unwrap();
+            let reviews = match node.kind {
+                cascade::draft::NodeKind::Vertical => &node.reviews,
+                _ => &g.stats.reviews,
+            };
+            assert_eq!(reviews.drafted_at.len(), scored, "{what}: {reviews:?}");
+        }
+    }
 }

@@ -70,7 +70,11 @@ impl Drafter for AdaptiveCascade {
                     *declined_at = Some(seq.len());
                 }
                 if !draft.is_empty() {
+                    let ended = request.ended(&draft);
                     out.append(draft);
+                    if ended {
+                        break 'positions;
+                    }
                     continue 'positions; // the cheaper parts may have something now
                 }
             }

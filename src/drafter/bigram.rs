@@ -56,6 +56,9 @@ impl Drafter for BigramDrafter {
             );
             prev = q.sample(request.rng());
             draft.push(prev, q);
+            if request.ends(prev) {
+                break;
+            }
         }
         Ok(draft)
     }
@@ -83,6 +86,9 @@ pub(crate) fn follow_table(
             break;
         }
         draft.push(t, Dist::Point(t));
+        if request.ends(t) {
+            break;
+        }
         last = t;
     }
 }

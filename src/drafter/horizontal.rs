@@ -86,8 +86,12 @@ impl Drafter for HorizontalCascade {
                 request,
                 Share::UpTo(p.share),
             )?;
+            let ended = request.ended(&draft);
             seq.extend_from_slice(draft.tokens());
             out.append(draft);
+            if ended {
+                break;
+            }
         }
         Ok(out)
     }

@@ -315,6 +315,9 @@ impl Drafter for MaxGramDrafter {
                     break;
                 }
                 draft.push(t, Dist::Point(t));
+                if request.ends(t) {
+                    break;
+                }
             }
         }
         if draft.is_empty() {
@@ -351,7 +354,7 @@ impl Drafter for MaxGramDrafter {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::draft::propose;
+    use crate::draft::{propose, propose_ending};
     use crate::drafter::Drafter;
 
     fn index(prompt: &[u32], generated: &[u32], max_ngram: usize) -> MaxGram {
@@ -409,6 +412,21 @@ mod tests {
         let m = index(&[1, 2, 1, 2], &[], 8);
         assert_eq!(m.longest_match(), Some(Match { len: 2, end: 2 }));
         assert_eq!(m.propose(5), vec![1, 2, 1, 2, 1]);
+    }
+
+    /// A copy stops after a token that ends the generation (a user message's end, copied
+    /// into an answer that quotes it): nothing after it could be kept.
+    #[test]
+    fn a_copy_stops_after_a_token_that_ends_the_generation() {
+        let (end, ctx) = (9, [1, 2, 3, 9, 4, 5, 1, 2]);
+        let policy = MaxGramPolicy {
+            length_per_match: 0.0,
+            ..MaxGramPolicy::default()
+        };
+        let mut d = MaxGramDrafter::new("mag", policy, None);
+        d.start(&ctx).unwrap();
+        assert_eq!(propose(&mut d, &ctx, 8).tokens(), [3, 9, 4, 5, 1, 2, 3, 9]);
+        assert_eq!(propose_ending(&mut d, &ctx, 8, &[end]).tokens(), [3, 9]);
     }
 
     #[test]

@@ -115,6 +115,9 @@ impl Drafter for NeuralDrafter {
             let token = q.sample(request.rng());
             draft.push(token, q);
             seq.push(token);
+            if request.ends(token) {
+                break;
+            }
         }
         Ok(draft)
     }

@@ -84,6 +84,9 @@ impl Drafter for PredictionDrafter {
                 break;
             }
             draft.push(t, Dist::Point(t));
+            if request.ends(t) {
+                break;
+            }
         }
         Ok(draft)
     }

@@ -99,6 +99,7 @@ impl Drafter for VerticalCascade {
             return Ok(out);
         }
         self.reviewer.set_cancel(request.cancel_flag());
+        self.reviewer.set_ends(request.end_tokens());
         if !self.read_prompt {
             if !request.worth_reading(self.reviewer.behind(context), self.cost.as_ref()) {
                 return Ok(out);
@@ -157,6 +158,9 @@ impl Drafter for VerticalCascade {
                 };
                 out.push(token, dist);
                 seq.push(token);
+                if request.ends(token) {
+                    break 'rounds;
+                }
             }
         }
         Ok(out)

@@ -117,6 +117,11 @@ impl Model for ToyModel {
 
 /// A word-level tokenizer whose tokens are `t0 .. t{vocab-1}`, with no end-of-sequence id.
 pub fn toy_tokenizer(vocab: usize) -> Tokenizer {
+    toy_tokenizer_ending(vocab, Vec::new())
+}
+
+/// [`toy_tokenizer`] with end-of-sequence ids `eos`.
+pub fn toy_tokenizer_ending(vocab: usize, eos: Vec<u32>) -> Tokenizer {
     use tokenizers::models::wordlevel::WordLevel;
     let words = (0..vocab as u32).map(|i| (format!("t{i}"), i)).collect();
     let model = WordLevel::builder()
@@ -126,7 +131,7 @@ pub fn toy_tokenizer(vocab: usize) -> Tokenizer {
         .unwrap();
     let mut t = tokenizers::Tokenizer::new(model);
     t.with_pre_tokenizer(Some(tokenizers::pre_tokenizers::whitespace::Whitespace {}));
-    Tokenizer::from_parts(t, Vec::new())
+    Tokenizer::from_parts(t, eos)
 }
 
 pub fn models_dir() -> PathBuf {
