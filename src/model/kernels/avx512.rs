@@ -7,7 +7,9 @@
 //! activation rows; above [`PAIR_ABOVE`] rows, weight rows go in pairs so that each activation
 //! vector is loaded once for both.
 
-use super::layout::{f16_to_f32, PackedQ4K, PackedQ5_0, PackedQ6K, PackedQ8_0, QK, WIDE};
+use super::layout::{
+    f16_to_f32, HalfQ5_0, HalfQ8_0Wide, PackedQ4K, PackedQ5_0, PackedQ6K, PackedQ8_0, QK, WIDE,
+};
 use super::{for_each_output, prefetch, Tile, MAX_ROWS};
 use std::arch::x86_64::*;
 use std::ops::Range;
@@ -20,24 +22,71 @@ pub(super) fn supported() -> bool {
         && is_x86_feature_detected!("avx2")
 }
 
-/// `dst[m x n] = lhs[m x k] x Wᵀ` for `n` weight rows of `k.div_ceil(256)` blocks each.
+/// `dst[m x n] = lhs[m x k] x Wᵀ` for `n` weight rows of `k.div_ceil(256)` blocks each: all
+/// in `w`, or (if `tails` is not empty) all but the last in `w` and the last, in half size,
+/// in `tails` (`Rows` in the layout module).
 ///
 /// # Safety
 /// The CPU must have AVX-512 F, BW and VNNI ([`supported`]). Slice lengths are checked.
-pub(super) unsafe fn matmul<B: Unpack + Sync>(
+pub(super) unsafe fn matmul<B: Unpack + Sync, H: Unpack + Sync>(
     w: &[B],
+    tails: &[H],
     (m, k, n): (usize, usize, usize),
     lhs: &[f32],
     dst: &mut [f32],
 ) {
+    const { assert!(same_offset(B::OFFSET_LOG2, H::OFFSET_LOG2)) };
     let kb = k.div_ceil(QK);
-    assert!(n.checked_mul(kb).is_some_and(|b| w.len() >= b) && Some(lhs.len()) == m.checked_mul(k));
+    let full = kb - usize::from(!tails.is_empty());
+    assert!(
+        n.checked_mul(full).is_some_and(|b| w.len() >= b)
+            && (tails.is_empty() || tails.len() >= n)
+            && Some(lhs.len()) == m.checked_mul(k)
+    );
     let acts = ActBlock::quantize(lhs, m, k, B::OFFSET_LOG2);
+    let w = Weights { w, tails, full };
     for_each_output(m, n, dst, |js, r0, rows, out| {
         // SAFETY: the caller guarantees the CPU features; `js` is within the `n` rows of `w`
         // (checked above) and rows `r0..r0 + rows` within the `m` quantized rows.
-        unsafe { packed_tile(w, js, &acts[r0 * kb..], kb, rows, out) }
+        unsafe { packed_tile(&w, js, &acts[r0 * kb..], kb, rows, out) }
     });
+}
+
+/// Whether two formats' blocks carry the same offset (a whole block and its half must).
+const fn same_offset(a: Option<u32>, b: Option<u32>) -> bool {
+    match (a, b) {
+        (Some(a), Some(b)) => a == b,
+        (None, None) => true,
+        _ => false,
+    }
+}
+
+/// A matrix's weight rows: `full` blocks each in `w`, then each row's last block in `tails`
+/// if that is not empty. Both unpack into the same registers.
+struct Weights<'a, B, H> {
+    w: &'a [B],
+    tails: &'a [H],
+    full: usize,
+}
+
+impl<B: Unpack, H: Unpack> Weights<'_, B, H> {
+    /// Block `b` of row `j`, prefetching ahead, in registers.
+    ///
+    /// # Safety
+    /// The CPU must have AVX-512 F, BW and VNNI; `j` is a row of the matrix and `b` one of
+    /// its blocks ([`packed_tile`] checks the slice lengths against them).
+    #[inline(always)]
+    unsafe fn unpack(&self, j: usize, b: usize) -> ([__m512i; 4], __m512, __m512) {
+        if b < self.full {
+            let x = self.w.get_unchecked(j * self.full + b);
+            prefetch(x);
+            x.unpack()
+        } else {
+            let x = self.tails.get_unchecked(j);
+            prefetch(x);
+            x.unpack()
+        }
+    }
 }
 
 /// 256 activations quantized to 8 bits with one scale (as candle's Q8_K, up to the sign
@@ -144,8 +193,39 @@ pub(super) trait Unpack {
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2")]
 unsafe fn nibbles(qs: &[u8; 128]) -> [__m512i; 4] {
-    let m4 = _mm512_set1_epi8(0x0f);
     let [lo, hi] = [0, 64].map(|o| _mm512_loadu_si512(qs.as_ptr().add(o) as *const _));
+    split_nibbles(lo, hi)
+}
+
+/// [`nibbles`] of a half block: lanes 0-7 of each vector, 8-15 zero.
+///
+/// # Safety
+/// The CPU must have AVX-512 F and BW.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2")]
+unsafe fn half_nibbles(qs: &[u8; 64]) -> [__m512i; 4] {
+    let [lo, hi] = [0, 32].map(|o| half_vector(qs.as_ptr().add(o)));
+    split_nibbles(lo, hi)
+}
+
+/// 32 bytes at `p` as lanes 0-7 of a vector, lanes 8-15 zero.
+///
+/// # Safety
+/// The CPU must have AVX-512 F; `p` points to 32 readable bytes.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2")]
+unsafe fn half_vector(p: *const u8) -> __m512i {
+    _mm512_zextsi256_si512(_mm256_loadu_si256(p as *const _))
+}
+
+/// The low and high nibbles of `lo` and of `hi`: the four value vectors.
+///
+/// # Safety
+/// The CPU must have AVX-512 F and BW.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2")]
+unsafe fn split_nibbles(lo: __m512i, hi: __m512i) -> [__m512i; 4] {
+    let m4 = _mm512_set1_epi8(0x0f);
     [
         _mm512_and_si512(lo, m4),
         _mm512_and_si512(_mm512_srli_epi16(lo, 4), m4),
@@ -220,16 +300,46 @@ unsafe fn lane_scales(d: &[u16; 8]) -> __m512 {
     _mm512_permutexvar_ps(halves(), d)
 }
 
+/// Four scales (of the first 128 values) as one per 16-value lane, lanes 8-15 zero.
+///
+/// # Safety
+/// The CPU must have AVX-512 F and F16C.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2")]
+unsafe fn half_lane_scales(d: &[u16; 4]) -> __m512 {
+    let d = _mm_cvtph_ps(_mm_loadl_epi64(d.as_ptr() as *const _));
+    _mm512_permutexvar_ps(halves(), _mm512_zextps128_ps512(d))
+}
+
+/// Bit 4 of each value (the masks `qh`) added to its low bits.
+///
+/// # Safety
+/// The CPU must have AVX-512 F and BW.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2")]
+unsafe fn add_high_bits(low: [__m512i; 4], qh: [u64; 4]) -> [__m512i; 4] {
+    let sixteen = _mm512_set1_epi8(16);
+    std::array::from_fn(|z| _mm512_mask_add_epi8(low[z], qh[z], low[z], sixteen))
+}
+
 impl Unpack for PackedQ5_0 {
     const OFFSET_LOG2: Option<u32> = Some(4);
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2")]
     unsafe fn unpack(&self) -> ([__m512i; 4], __m512, __m512) {
-        let (low, sixteen) = (nibbles(&self.qs), _mm512_set1_epi8(16));
-        let w = std::array::from_fn(|z| _mm512_mask_add_epi8(low[z], self.qh[z], low[z], sixteen));
-        let scale = lane_scales(&self.d);
+        let w = add_high_bits(nibbles(&self.qs), self.qh);
         // Values are stored plus 16 (`OFFSET_LOG2`).
-        (w, scale, _mm512_setzero_ps())
+        (w, lane_scales(&self.d), _mm512_setzero_ps())
+    }
+}
+
+impl Unpack for HalfQ5_0 {
+    const OFFSET_LOG2: Option<u32> = Some(4);
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2")]
+    unsafe fn unpack(&self) -> ([__m512i; 4], __m512, __m512) {
+        let w = add_high_bits(half_nibbles(&self.qs), self.qh.map(u64::from));
+        (w, half_lane_scales(&self.d), _mm512_setzero_ps())
     }
 }
 
@@ -246,36 +356,51 @@ impl Unpack for PackedQ8_0<WIDE> {
     }
 }
 
+impl Unpack for HalfQ8_0Wide {
+    const OFFSET_LOG2: Option<u32> = Some(7);
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2")]
+    unsafe fn unpack(&self) -> ([__m512i; 4], __m512, __m512) {
+        let w = std::array::from_fn(|z| half_vector(self.qs.as_ptr().add(32 * z)));
+        (w, half_lane_scales(&self.d), _mm512_setzero_ps())
+    }
+}
+
 /// Activation rows above which weight rows go in pairs (measured: slower at 4 rows, even at 8,
 /// 20% faster at 16).
 const PAIR_ABOVE: usize = 8;
 
-/// Repacked weight rows `js` (each `kb` blocks of `w`) against `rows` activation rows
+/// Weight rows `js` (each `kb` blocks of `w`) against `rows` activation rows
 /// (`acts[r * kb + b]`), block by block. With many activation rows, weight rows go in pairs so
 /// that each activation vector is loaded once for both; every (weight row, activation row)
 /// pair goes through the same operations either way.
 ///
 /// # Safety
-/// The CPU must have AVX-512 F, BW and VNNI. Slices are indexed with bounds checks.
+/// The CPU must have AVX-512 F, BW and VNNI. Slice lengths are checked here.
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2")]
-unsafe fn packed_tile<B: Unpack>(
-    w: &[B],
+unsafe fn packed_tile<B: Unpack, H: Unpack>(
+    w: &Weights<B, H>,
     js: Range<usize>,
     acts: &[ActBlock],
     kb: usize,
     rows: usize,
     out: &mut Tile,
 ) {
-    let (first, n) = (js.start, js.len());
+    assert!(
+        js.end * w.full <= w.w.len()
+            && (w.full == kb || js.end <= w.tails.len())
+            && rows * kb <= acts.len()
+            && js.len() <= out.len()
+    );
+    let first = js.start;
     let mut i = 0;
-    while i < n {
-        let row = |i: usize| &w[(first + i) * kb..(first + i + 1) * kb];
-        if rows > PAIR_ABOVE && i + 1 < n {
+    while i < js.len() {
+        if rows > PAIR_ABOVE && i + 1 < js.len() {
             let [o0, o1] = out.get_disjoint_mut([i, i + 1]).unwrap();
-            two_rows(row(i), row(i + 1), acts, kb, rows, o0, o1);
+            two_rows(w, first + i, acts, kb, rows, o0, o1);
             i += 2;
         } else {
-            one_row(row(i), acts, kb, rows, &mut out[i]);
+            one_row(w, first + i, acts, kb, rows, &mut out[i]);
             i += 1;
         }
     }
@@ -318,23 +443,25 @@ unsafe fn load_act(a: &ActBlock) -> [__m512i; 4] {
     std::array::from_fn(|z| _mm512_load_si512(q.add(z)))
 }
 
+/// Weight row `j` against each activation row.
+///
 /// # Safety
-/// The CPU must have AVX-512 F, BW and VNNI; `acts` holds `rows` rows of `kb` blocks and
-/// `w` one row of `kb` blocks (indexing is checked).
+/// The CPU must have AVX-512 F, BW and VNNI; `acts` holds `rows` rows of `kb` blocks and `w`
+/// row `j` of `kb` blocks (checked by [`packed_tile`]).
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2")]
-unsafe fn one_row<B: Unpack>(
-    w: &[B],
+unsafe fn one_row<B: Unpack, H: Unpack>(
+    w: &Weights<B, H>,
+    j: usize,
     acts: &[ActBlock],
     kb: usize,
     rows: usize,
     out: &mut [f32; MAX_ROWS],
 ) {
     let mut acc = [_mm512_setzero_ps(); MAX_ROWS];
-    for (b, x) in w.iter().enumerate() {
-        prefetch(x);
-        let u = x.unpack();
+    for b in 0..kb {
+        let u = w.unpack(j, b);
         for (r, acc) in acc[..rows].iter_mut().enumerate() {
-            let a = &acts[r * kb + b];
+            let a = acts.get_unchecked(r * kb + b);
             *acc = block_dot::<B>(&u, &load_act(a), a, *acc);
         }
     }
@@ -344,11 +471,11 @@ unsafe fn one_row<B: Unpack>(
 }
 
 /// # Safety
-/// As [`one_row`], for two weight rows of `kb` blocks.
+/// As [`one_row`], for weight rows `j` and `j + 1`.
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2")]
-unsafe fn two_rows<B: Unpack>(
-    w0: &[B],
-    w1: &[B],
+unsafe fn two_rows<B: Unpack, H: Unpack>(
+    w: &Weights<B, H>,
+    j: usize,
     acts: &[ActBlock],
     kb: usize,
     rows: usize,
@@ -357,12 +484,10 @@ unsafe fn two_rows<B: Unpack>(
 ) {
     let mut acc0 = [_mm512_setzero_ps(); MAX_ROWS];
     let mut acc1 = [_mm512_setzero_ps(); MAX_ROWS];
-    for (b, (x0, x1)) in w0.iter().zip(w1).enumerate() {
-        prefetch(x0);
-        prefetch(x1);
-        let (u0, u1) = (x0.unpack(), x1.unpack());
+    for b in 0..kb {
+        let (u0, u1) = (w.unpack(j, b), w.unpack(j + 1, b));
         for r in 0..rows {
-            let a = &acts[r * kb + b];
+            let a = acts.get_unchecked(r * kb + b);
             let av = load_act(a);
             acc0[r] = block_dot::<B>(&u0, &av, a, acc0[r]);
             acc1[r] = block_dot::<B>(&u1, &av, a, acc1[r]);

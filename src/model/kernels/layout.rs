@@ -10,10 +10,11 @@
 //! two halves apart: vectors 0-3 hold the first 16 values of each lane, 4-7 the second).
 //! A kernel sums integer products per lane and applies the scales after. Formats with
 //! 32-value blocks (Q4_0, Q4_1, Q5_0, Q8_0) are gathered eight blocks at a time, their rows
-//! padded with zero blocks to a multiple of 256 values. In the AVX2 layout a row whose last
-//! 256 values hold at most 128 (896 = 3.5 x 256 in Qwen2.5 0.5B, 576 and 640 in other small
-//! models) keeps that block apart in half size ([`Halves`], [`Rows`]): its padding is lanes
-//! 4-7, the upper 16 bytes of every vector, which are then neither stored nor read.
+//! padded with zero blocks to a multiple of 256 values. A row whose last 256 values hold at
+//! most 128 (896 = 3.5 x 256 in Qwen2.5 0.5B, 576 and 640 in other small models) keeps that
+//! block apart in half size ([`Halves`], [`Rows`]): its padding is the second half of every
+//! vector (lanes 4-7 of a 32-byte one, 8-15 of a 64-byte one), which is then neither stored
+//! nor read.
 //!
 //! Everything here is portable code: packing, and dequantizing (bit for bit as candle does,
 //! which the tests check), used for embedding lookups and the references.
@@ -178,18 +179,18 @@ pub struct PackedQ4_1<const V: usize> {
     pub(super) qs: [u8; 128],
 }
 
-/// Lanes 0-3 of every 32-byte vector in `x` (its first 16 bytes): a block's half that
-/// [`Halves`] keeps.
-fn low_lanes<const N: usize, const H: usize>(x: &[u8; N]) -> [u8; H] {
-    const { assert!(2 * H == N && N.is_multiple_of(NARROW)) };
-    std::array::from_fn(|i| x[NARROW * (i / 16) + i % 16])
+/// The first half of every `V`-byte vector in `x` (lanes 0-3 of a 32-byte vector, 0-7 of a
+/// 64-byte one): a block's half that [`Halves`] keeps.
+fn low_lanes<const V: usize, const N: usize, const H: usize>(x: &[u8; N]) -> [u8; H] {
+    const { assert!(2 * H == N && N.is_multiple_of(V)) };
+    std::array::from_fn(|i| x[V * (i / (V / 2)) + i % (V / 2)])
 }
 
-/// The inverse of [`low_lanes`], lanes 4-7 zero.
-fn whole_lanes<const H: usize, const N: usize>(x: &[u8; H]) -> [u8; N] {
-    const { assert!(2 * H == N && N.is_multiple_of(NARROW)) };
-    std::array::from_fn(|i| match i % NARROW {
-        b if b < 16 => x[16 * (i / NARROW) + b],
+/// The inverse of [`low_lanes`], the second half of every vector zero.
+fn whole_lanes<const V: usize, const H: usize, const N: usize>(x: &[u8; H]) -> [u8; N] {
+    const { assert!(2 * H == N && N.is_multiple_of(V)) };
+    std::array::from_fn(|i| match i % V {
+        b if b < V / 2 => x[V / 2 * (i / V) + b],
         _ => 0,
     })
 }
@@ -203,24 +204,26 @@ fn whole_scales(d: &[u16; 4]) -> [u16; 8] {
     [d[0], d[1], d[2], d[3], 0, 0, 0, 0]
 }
 
-/// An AVX2 block of a per-32 format whose lanes 0-3 (its first four 32-value blocks) can be
-/// stored alone: the last block of a row whose last 256 values hold at most 128, where lanes
-/// 4-7 are padding, with zero scales, facing zero activations. The kernels read such a half
-/// with 16-byte loads that zero lanes 4-7, scales included; the weights read there differ
-/// from the padding's (Q8_0's are stored plus 128) but meet zero activations, so every product
-/// and sum comes out as the padded block's did, bit for bit.
+/// A block of a per-32 format whose first half (its first four 32-value blocks: lanes 0-3 of
+/// a 32-byte vector, 0-7 of a 64-byte one) can be stored alone: the last block of a row whose
+/// last 256 values hold at most 128, where the second half is padding, with zero scales,
+/// facing zero activations. The kernels read such a half with half-width loads that zero the
+/// second half, scales included; the weights read there differ from the padding's (Q8_0's are
+/// stored plus 128) but meet zero activations, so every product and sum comes out as the
+/// padded block's did, bit for bit.
 pub(super) trait Halves: Sized {
-    /// Lanes 0-3 alone.
+    /// The first half alone.
     type Half;
-    /// The block's lanes 0-3.
+    /// The block's first half.
     fn low(&self) -> Self::Half;
-    /// The block of `half` with lanes 4-7 zero bytes: zero scales, so they dequantize to zeros
-    /// (signed, for Q8_0) as the padding [`Halves::low`] dropped did; only lanes 0-3 are read.
+    /// The block of `half` with the second half zero bytes: zero scales, so they dequantize
+    /// to zeros (signed, for Q8_0) as the padding [`Halves::low`] dropped did; only the first
+    /// half is read.
     fn widen(half: &Self::Half) -> Self;
 }
 
 /// A matrix's packed blocks, row after row. A row whose last 256 values hold at most 128
-/// (AVX2 layout) keeps that block apart in half size: `tails[row]` ([`Halves`]).
+/// keeps that block apart in half size: `tails[row]` ([`Halves`]).
 #[derive(Clone)]
 pub(super) struct Rows<B, H = B> {
     pub(super) blocks: Vec<B>,
@@ -294,7 +297,7 @@ fn split_tails<B: Halves + Clone>(packed: Vec<B>, cols: usize) -> Rows<B, B::Hal
 /// Defines the half of a per-32 block ([`Halves`]): its scale arrays (four of eight kept)
 /// and its vector arrays (lanes 0-3, half the bytes), dequantized through the whole block.
 macro_rules! halves {
-    ($($(#[$doc:meta])* $half:ident of $whole:ty {
+    ($($(#[$doc:meta])* $half:ident of $whole:ty, $v:ident {
         scales: $($s:ident),+; lanes: $($l:ident: $n:literal),+
     })*) => {$(
         $(#[$doc])*
@@ -308,10 +311,10 @@ macro_rules! halves {
         impl Halves for $whole {
             type Half = $half;
             fn low(&self) -> $half {
-                $half { $($s: low_scales(&self.$s),)+ $($l: low_lanes(&self.$l),)+ }
+                $half { $($s: low_scales(&self.$s),)+ $($l: low_lanes::<$v, _, _>(&self.$l),)+ }
             }
             fn widen(h: &$half) -> Self {
-                Self { $($s: whole_scales(&h.$s),)+ $($l: whole_lanes(&h.$l),)+ }
+                Self { $($s: whole_scales(&h.$s),)+ $($l: whole_lanes::<$v, _, _>(&h.$l),)+ }
             }
         }
 
@@ -325,13 +328,49 @@ macro_rules! halves {
 
 halves! {
     /// Lanes 0-3 of a [`PackedQ5_0Planes`].
-    HalfQ5_0Planes of PackedQ5_0Planes { scales: d; lanes: qs: 64, qh: 16 }
+    HalfQ5_0Planes of PackedQ5_0Planes, NARROW { scales: d; lanes: qs: 64, qh: 16 }
     /// Lanes 0-3 of a [`PackedQ8_0`] in the [`NARROW`] layout.
-    HalfQ8_0 of PackedQ8_0<NARROW> { scales: d; lanes: qs: 128 }
+    HalfQ8_0 of PackedQ8_0<NARROW>, NARROW { scales: d; lanes: qs: 128 }
+    /// Lanes 0-7 of a [`PackedQ8_0`] in the [`WIDE`] layout.
+    HalfQ8_0Wide of PackedQ8_0<WIDE>, WIDE { scales: d; lanes: qs: 128 }
     /// Lanes 0-3 of a [`PackedQ4_0`] in the [`NARROW`] layout.
-    HalfQ4_0 of PackedQ4_0<NARROW> { scales: d; lanes: qs: 64 }
+    HalfQ4_0 of PackedQ4_0<NARROW>, NARROW { scales: d; lanes: qs: 64 }
     /// Lanes 0-3 of a [`PackedQ4_1`] in the [`NARROW`] layout.
-    HalfQ4_1 of PackedQ4_1<NARROW> { scales: d, m; lanes: qs: 64 }
+    HalfQ4_1 of PackedQ4_1<NARROW>, NARROW { scales: d, m; lanes: qs: 64 }
+}
+
+/// Lanes 0-7 of a [`PackedQ5_0`] (the [`WIDE`] layout): bit 4 of those lanes' values is the
+/// low 32 bits of each vector's mask.
+#[derive(Clone)]
+#[repr(C)]
+pub struct HalfQ5_0 {
+    pub(super) d: [u16; 4],
+    pub(super) qs: [u8; 64],
+    pub(super) qh: [u32; 4],
+}
+
+impl Halves for PackedQ5_0 {
+    type Half = HalfQ5_0;
+    fn low(&self) -> HalfQ5_0 {
+        HalfQ5_0 {
+            d: low_scales(&self.d),
+            qs: low_lanes::<WIDE, _, _>(&self.qs),
+            qh: self.qh.map(|m| m as u32),
+        }
+    }
+    fn widen(h: &HalfQ5_0) -> Self {
+        Self {
+            d: whole_scales(&h.d),
+            qs: whole_lanes::<WIDE, _, _>(&h.qs),
+            qh: h.qh.map(u64::from),
+        }
+    }
+}
+
+impl PackedBlock for HalfQ5_0 {
+    fn dequantize(&self, y: &mut [f32; QK]) {
+        PackedQ5_0::widen(self).dequantize(y)
+    }
 }
 
 /// The values (0..16) of a candle Q4_K block: 64-value chunks, low nibbles then high nibbles.
@@ -622,12 +661,18 @@ const Q4_1_ZERO: Q4_1 = Q4_1 {
     qs: [0; 16],
 };
 
-pub(super) fn pack_q5_0(blocks: &[BlockQ5_0], cols: usize) -> Rows<PackedQ5_0> {
-    Rows::whole(pack_groups(view(blocks), cols, &Q5_0_ZERO, PackedQ5_0::new))
+pub(super) fn pack_q5_0(blocks: &[BlockQ5_0], cols: usize) -> Rows<PackedQ5_0, HalfQ5_0> {
+    split_tails(
+        pack_groups(view(blocks), cols, &Q5_0_ZERO, PackedQ5_0::new),
+        cols,
+    )
 }
 
-pub(super) fn pack_q8_0(blocks: &[BlockQ8_0], cols: usize) -> Rows<PackedQ8_0<WIDE>> {
-    Rows::whole(pack_groups(view(blocks), cols, &Q8_0_ZERO, PackedQ8_0::new))
+pub(super) fn pack_q8_0(blocks: &[BlockQ8_0], cols: usize) -> Rows<PackedQ8_0<WIDE>, HalfQ8_0Wide> {
+    split_tails(
+        pack_groups(view(blocks), cols, &Q8_0_ZERO, PackedQ8_0::new),
+        cols,
+    )
 }
 
 pub(super) fn pack_q5_0_planes(

@@ -129,8 +129,8 @@ pub struct Packed {
 enum Blocks {
     Q4K(Rows<layout::PackedQ4K<WIDE>>),
     Q6K(Rows<layout::PackedQ6K<WIDE>>),
-    Q5_0(Rows<layout::PackedQ5_0>),
-    Q8_0(Rows<layout::PackedQ8_0<WIDE>>),
+    Q5_0(Rows<layout::PackedQ5_0, layout::HalfQ5_0>),
+    Q8_0(Rows<layout::PackedQ8_0<WIDE>, layout::HalfQ8_0Wide>),
     Q4KNarrow(Rows<layout::PackedQ4K<NARROW>>),
     Q6KNarrow(Rows<layout::PackedQ6K<NARROW>>),
     Q5_0Planes(Rows<layout::PackedQ5_0Planes, layout::HalfQ5_0Planes>),
@@ -251,11 +251,10 @@ impl Packed {
         unsafe {
             assert!(self.kernels.runs_here());
             match &self.blocks {
-                // The AVX-512 layout keeps every row whole (`Rows::whole`).
-                Blocks::Q4K(b) => avx512::matmul(&b.blocks, mkn, lhs, dst),
-                Blocks::Q6K(b) => avx512::matmul(&b.blocks, mkn, lhs, dst),
-                Blocks::Q5_0(b) => avx512::matmul(&b.blocks, mkn, lhs, dst),
-                Blocks::Q8_0(b) => avx512::matmul(&b.blocks, mkn, lhs, dst),
+                Blocks::Q4K(b) => avx512::matmul(&b.blocks, &b.tails, mkn, lhs, dst),
+                Blocks::Q6K(b) => avx512::matmul(&b.blocks, &b.tails, mkn, lhs, dst),
+                Blocks::Q5_0(b) => avx512::matmul(&b.blocks, &b.tails, mkn, lhs, dst),
+                Blocks::Q8_0(b) => avx512::matmul(&b.blocks, &b.tails, mkn, lhs, dst),
                 Blocks::Q4KNarrow(b) => avx2::matmul(&b.blocks, &b.tails, mkn, lhs, dst),
                 Blocks::Q6KNarrow(b) => avx2::matmul(&b.blocks, &b.tails, mkn, lhs, dst),
                 Blocks::Q5_0Planes(b) => avx2::matmul(&b.blocks, &b.tails, mkn, lhs, dst),

@@ -87,7 +87,7 @@ fn dequantizes_like_candle<T: GgmlType>(pack: Pack<T>, cols: usize) {
 fn repacked_blocks_dequantize_exactly_like_candle() {
     dequantizes_like_candle(Q4K, 512);
     dequantizes_like_candle(Q6K, 512);
-    // 11 blocks of 32 (the last packed block holds 96 values: stored in half size on AVX2)
+    // 11 blocks of 32 (the last packed block holds 96 values: stored in half size)
     // and 14 (192 values: padded).
     for cols in [352, 448] {
         dequantizes_like_candle(Q5_0, cols);
@@ -97,7 +97,7 @@ fn repacked_blocks_dequantize_exactly_like_candle() {
     }
 }
 
-/// A row's short last block, stored in half size on AVX2, multiplies bit for bit as the
+/// A row's short last block, stored in half size, multiplies bit for bit as the
 /// zero-padded block it replaces: the same rows padded with zero blocks to a multiple of 256
 /// values (stored whole) give the same outputs, for each of 1 to 19 activation rows. Also for
 /// rows of one short block alone (k = 96) and trimmed to a few of their rows.
@@ -261,7 +261,7 @@ fn q6k_kernels_match_references() {
 
 #[test]
 fn q5_0_kernels_match_references() {
-    check(Q5_0, 352, None); // a short last block (96 values), stored in half size on AVX2
+    check(Q5_0, 352, None); // a short last block (96 values), stored in half size
     check(Q5_0, 448, None); // a last block of 192 values, padded
     check(Q5_0, 1024, None);
     check(Q5_0, 2080, None); // 9 packed blocks: 19 rows reduce in two slabs
@@ -269,7 +269,7 @@ fn q5_0_kernels_match_references() {
 
 #[test]
 fn q8_0_kernels_match_references() {
-    check(Q8_0, 352, None); // a short last block (96 values), stored in half size on AVX2
+    check(Q8_0, 352, None); // a short last block (96 values), stored in half size
     check(Q8_0, 448, None); // a last block of 192 values, padded
     check(Q8_0, 1024, None);
     check(Q8_0, 2080, None); // 9 packed blocks: 19 rows reduce in two slabs
@@ -277,7 +277,7 @@ fn q8_0_kernels_match_references() {
 
 #[test]
 fn q4_0_kernels_match_references() {
-    check(Q4_0, 352, None); // a short last block (96 values), stored in half size on AVX2
+    check(Q4_0, 352, None); // a short last block (96 values), stored in half size
     check(Q4_0, 448, None); // a last block of 192 values, padded
     check(Q4_0, 1024, None);
     check(Q4_0, 2080, None); // 9 packed blocks: 19 rows reduce in two slabs
@@ -285,7 +285,7 @@ fn q4_0_kernels_match_references() {
 
 #[test]
 fn q4_1_kernels_match_references() {
-    check(Q4_1, 352, None); // a short last block (96 values), stored in half size on AVX2
+    check(Q4_1, 352, None); // a short last block (96 values), stored in half size
     check(Q4_1, 448, None); // a last block of 192 values, padded
     check(Q4_1, 1024, None);
     check(Q4_1, 2080, None); // 9 packed blocks: 19 rows reduce in two slabs
