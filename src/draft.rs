@@ -395,17 +395,17 @@ pub(crate) fn propose_ending(
     ends: &[u32],
 ) -> Draft {
     use rand::SeedableRng;
-    let (mut rng, mut gate, sampling) = (Rng::seed_from_u64(0), Gate::fixed(), Sampling::greedy());
-    let source = drafter.name().into();
-    let mut request =
-        Request::new(&sampling, &mut rng, &mut gate, source, k, 1 << 20).with_ends(ends.into());
-    let draft = drafter
-        .draft(context, &mut request)
-        .expect("the drafter failed");
-    request
-        .check(&draft, "test")
-        .expect("the drafter broke its contract");
-    draft
+    let mut rng = Rng::seed_from_u64(0);
+    let sampling = Sampling::greedy();
+    propose_within(
+        drafter,
+        context,
+        (k, 1 << 20),
+        &sampling,
+        &mut rng,
+        ends.into(),
+    )
+    .expect("the drafter failed")
 }
 
 /// One draft of up to `k` tokens from `drafter` with a fixed-length gate, held to the contract
@@ -419,9 +419,21 @@ pub fn try_propose(
     sampling: &Sampling,
     rng: &mut Rng,
 ) -> Result<Draft> {
+    propose_within(drafter, context, (k, vocab), sampling, rng, Arc::new([]))
+}
+
+/// [`try_propose`] for a generation that stops at `ends`.
+fn propose_within(
+    drafter: &mut dyn Drafter,
+    context: &[u32],
+    (k, vocab): (usize, usize),
+    sampling: &Sampling,
+    rng: &mut Rng,
+    ends: Arc<[u32]>,
+) -> Result<Draft> {
     let mut gate = Gate::fixed();
     let source = drafter.name().into();
-    let mut request = Request::new(sampling, rng, &mut gate, source, k, vocab);
+    let mut request = Request::new(sampling, rng, &mut gate, source, k, vocab).with_ends(ends);
     let draft = drafter.draft(context, &mut request)?;
     request.check(&draft, drafter.name())?;
     Ok(draft)

@@ -697,6 +697,24 @@ mod tests {
         assert!(admitted(&a, &[0.75; 8]) < 8);
     }
 
+    /// A round cut to its first positions (the reviewer cuts a draft after a token that ends
+    /// the generation) is predicted and learned from as a round that drafted only those.
+    #[test]
+    fn a_truncated_round_is_the_shorter_round() {
+        let a = Adaptive::new(verify());
+        let s: Source = "d".into();
+        let (mut long, mut short) = (Gate::adaptive(a.clone()), Gate::adaptive(a.clone()));
+        for c in [0.99, 0.95, 0.9] {
+            assert!(long.admit(&s, Some(c)));
+        }
+        assert!(short.admit(&s, Some(0.99)));
+        long.truncate(1);
+        assert_eq!(long.positions(), short.positions());
+        assert_eq!(long.prediction(), short.prediction());
+        long.truncate(5); // past the end: nothing to cut
+        assert_eq!(long.prediction(), short.prediction());
+    }
+
     #[test]
     fn a_catch_up_is_made_only_within_its_share_of_the_remaining_time() {
         let s: Source = "d".into();

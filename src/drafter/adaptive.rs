@@ -230,15 +230,52 @@ mod tests {
         }
     }
 
-    fn cascade_draft(parts: Vec<Box<dyn Drafter>>, mut gate: Gate, k: usize) -> Vec<u32> {
-        let mut cascade = AdaptiveCascade::new("a", parts);
+    fn cascade_draft(parts: Vec<Box<dyn Drafter>>, gate: Gate, k: usize) -> Vec<u32> {
+        draft_ending(&mut AdaptiveCascade::new("a", parts), gate, k, &[])
+    }
+
+    /// `drafter`'s draft of up to `k` tokens after `[0, 0]`, for a generation ending at `ends`.
+    fn draft_ending(drafter: &mut dyn Drafter, mut gate: Gate, k: usize, ends: &[u32]) -> Vec<u32> {
         let (sampling, mut rng) = (Sampling::default(), Rng::seed_from_u64(1));
-        let mut request = Request::new(&sampling, &mut rng, &mut gate, "a".into(), k, 8);
-        cascade
+        let mut request =
+            Request::new(&sampling, &mut rng, &mut gate, "a".into(), k, 8).with_ends(ends.into());
+        drafter
             .draft(&[0, 0], &mut request)
             .unwrap()
             .tokens()
             .to_vec()
+    }
+
+    /// After a part's token that ends the generation, a cascade asks no part for more: the
+    /// draft model's forwards there would buy nothing (the reviewer would cut them off).
+    #[test]
+    fn a_cascade_stops_after_a_token_that_ends_the_generation() {
+        let parts = || -> Vec<Box<dyn Drafter>> {
+            vec![
+                Box::new(CopyAt { at: 2 }),
+                Box::new(MiniModel {
+                    cost: (0.0, 0.0),
+                    seen: 0,
+                }),
+            ]
+        };
+        let adaptive = |ends: &[u32]| {
+            draft_ending(
+                &mut AdaptiveCascade::new("a", parts()),
+                Gate::fixed(),
+                4,
+                ends,
+            )
+        };
+        assert_eq!(adaptive(&[]), [7, 1, 1, 1]);
+        assert_eq!(adaptive(&[7]), [7]);
+        let horizontal = |ends: &[u32]| {
+            let parts = parts().into_iter().zip([1, 3]).collect();
+            let mut h = crate::drafter::HorizontalCascade::new("h", parts);
+            draft_ending(&mut h, Gate::fixed(), 4, ends)
+        };
+        assert_eq!(horizontal(&[]), [7, 1, 1, 1]);
+        assert_eq!(horizontal(&[7]), [7]);
     }
 
     /// A draft model drafts one position per ask, so a cheaper part is asked again at every

@@ -387,9 +387,11 @@ unsafe fn packed_tile<B: Unpack, H: Unpack>(
     out: &mut Tile,
 ) {
     assert!(
-        js.end * w.full <= w.w.len()
+        js.end
+            .checked_mul(w.full)
+            .is_some_and(|len| len <= w.w.len())
             && (w.full == kb || js.end <= w.tails.len())
-            && rows * kb <= acts.len()
+            && rows.checked_mul(kb).is_some_and(|len| len <= acts.len())
             && js.len() <= out.len()
     );
     let first = js.start;

@@ -195,7 +195,8 @@ fn whole_lanes<const V: usize, const H: usize, const N: usize>(x: &[u8; H]) -> [
     })
 }
 
-/// The first four of eight scales (lanes 0-3), and back with zeros.
+/// The first four of eight scales (one per 32 values: those of a block's first half), and
+/// back with zeros.
 fn low_scales(d: &[u16; 8]) -> [u16; 4] {
     [d[0], d[1], d[2], d[3]]
 }
@@ -294,8 +295,9 @@ fn split_tails<B: Halves + Clone>(packed: Vec<B>, cols: usize) -> Rows<B, B::Hal
     }
 }
 
-/// Defines the half of a per-32 block ([`Halves`]): its scale arrays (four of eight kept)
-/// and its vector arrays (lanes 0-3, half the bytes), dequantized through the whole block.
+/// Defines the half of a per-32 block ([`Halves`]) in the layout of `$v`-byte vectors: its
+/// scale arrays (four of eight kept) and its vector arrays (the first half of every vector,
+/// half the bytes), dequantized through the whole block.
 macro_rules! halves {
     ($($(#[$doc:meta])* $half:ident of $whole:ty, $v:ident {
         scales: $($s:ident),+; lanes: $($l:ident: $n:literal),+
