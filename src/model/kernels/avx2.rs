@@ -24,7 +24,7 @@ use super::layout::{
     HalfQ4_0, HalfQ4_1, HalfQ5_0Planes, HalfQ8_0, PackedQ4K, PackedQ4_0, PackedQ4_1,
     PackedQ5_0Planes, PackedQ6K, PackedQ8_0, NARROW, QK,
 };
-use super::{for_each_output, prefetch, Tile, CHUNK, MAX_ROWS};
+use super::{for_each_output, Part, Tile, Weights, CHUNK, MAX_ROWS};
 use std::arch::x86_64::*;
 use std::ops::Range;
 
@@ -53,15 +53,10 @@ pub(super) unsafe fn matmul<B, H>(
 {
     const { assert!(B::PER32 == H::PER32 && B::OFFSET == H::OFFSET) };
     let kb = k.div_ceil(QK);
-    let full = kb - usize::from(!tails.is_empty());
-    assert!(
-        n.checked_mul(full).is_some_and(|b| w.len() >= b)
-            && (tails.is_empty() || tails.len() >= n)
-            && Some(lhs.len()) == m.checked_mul(k)
-    );
+    let w = Weights::new(w, tails, kb);
+    assert!(w.holds(n, kb) && Some(lhs.len()) == m.checked_mul(k));
     let acts = ActBlock::quantize::<B>(lhs, m, k);
     let slab = slab(m, kb);
-    let w = Weights { w, tails, full };
     for_each_output(m, n, dst, |js, r0, rows, out| {
         // SAFETY: the caller guarantees the CPU features; `js` is within the `n` rows of `w`
         // (checked above) and rows `r0..r0 + rows` within the `m` quantized rows.
@@ -69,32 +64,21 @@ pub(super) unsafe fn matmul<B, H>(
     });
 }
 
-/// A matrix's weight rows: `full` blocks each in `w`, then each row's last block in `tails`
-/// if that is not empty. Both unpack into the same registers, which `B::dot` multiplies (a
-/// half block's `dot` is its whole block's: `per32_blocks!`).
-struct Weights<'a, B, H> {
-    w: &'a [B],
-    tails: &'a [H],
-    full: usize,
-}
-
-impl<B: Block, H: Block<Unpacked = B::Unpacked>> Weights<'_, B, H> {
-    /// Block `b` of row `j`, in registers.
-    ///
-    /// # Safety
-    /// The CPU must have AVX2 and F16C; `j` is a row of the matrix and `b` one of its blocks
-    /// (the callers check the slice lengths against them).
-    #[inline(always)]
-    unsafe fn unpack(&self, j: usize, b: usize) -> B::Unpacked {
-        if b < self.full {
-            let x = &*self.w.as_ptr().add(j * self.full + b);
-            prefetch(x);
-            x.unpack()
-        } else {
-            let x = &*self.tails.as_ptr().add(j);
-            prefetch(x);
-            x.unpack()
-        }
+/// Block `b` of weight row `j`, prefetching ahead, in registers, which `B::dot` multiplies (a
+/// half block unpacks into its whole block's registers: `per32_blocks!`).
+///
+/// # Safety
+/// The CPU must have AVX2 and F16C; `j` and `b` as [`Weights::block`] requires ([`tile`]
+/// checks).
+#[inline(always)]
+unsafe fn unpack<B: Block, H: Block<Unpacked = B::Unpacked>>(
+    w: &Weights<B, H>,
+    j: usize,
+    b: usize,
+) -> B::Unpacked {
+    match w.block(j, b) {
+        Part::Whole(x) => x.unpack(),
+        Part::Half(x) => x.unpack(),
     }
 }
 
@@ -676,10 +660,7 @@ unsafe fn tile<B: Block, H: Block<Unpacked = B::Unpacked>>(
     out: &mut Tile,
 ) {
     assert!(
-        js.end
-            .checked_mul(w.full)
-            .is_some_and(|len| len <= w.w.len())
-            && (w.full == kb || js.end <= w.tails.len())
+        w.holds(js.end, kb)
             && rows.checked_mul(kb).is_some_and(|len| len <= acts.len())
             && js.len() <= out.len()
     );
@@ -728,7 +709,7 @@ unsafe fn group<B: Block, H: Block<Unpacked = B::Unpacked>, const R: usize>(
         for (j, accs) in js.clone().zip(accs.iter_mut()) {
             let mut acc = *accs;
             for b in s..e {
-                let u = w.unpack(j, b);
+                let u = unpack(w, j, b);
                 for (i, acc) in acc.iter_mut().enumerate() {
                     *acc = B::dot(&u, &*a.add(i * kb + b), *acc);
                 }

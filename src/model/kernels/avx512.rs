@@ -10,7 +10,7 @@
 use super::layout::{
     f16_to_f32, HalfQ5_0, HalfQ8_0Wide, PackedQ4K, PackedQ5_0, PackedQ6K, PackedQ8_0, QK, WIDE,
 };
-use super::{for_each_output, prefetch, Tile, MAX_ROWS};
+use super::{for_each_output, Part, Tile, Weights, MAX_ROWS};
 use std::arch::x86_64::*;
 use std::ops::Range;
 
@@ -37,14 +37,9 @@ pub(super) unsafe fn matmul<B: Unpack + Sync, H: Unpack + Sync>(
 ) {
     const { assert!(same_offset(B::OFFSET_LOG2, H::OFFSET_LOG2)) };
     let kb = k.div_ceil(QK);
-    let full = kb - usize::from(!tails.is_empty());
-    assert!(
-        n.checked_mul(full).is_some_and(|b| w.len() >= b)
-            && (tails.is_empty() || tails.len() >= n)
-            && Some(lhs.len()) == m.checked_mul(k)
-    );
+    let w = Weights::new(w, tails, kb);
+    assert!(w.holds(n, kb) && Some(lhs.len()) == m.checked_mul(k));
     let acts = ActBlock::quantize(lhs, m, k, B::OFFSET_LOG2);
-    let w = Weights { w, tails, full };
     for_each_output(m, n, dst, |js, r0, rows, out| {
         // SAFETY: the caller guarantees the CPU features; `js` is within the `n` rows of `w`
         // (checked above) and rows `r0..r0 + rows` within the `m` quantized rows.
@@ -61,31 +56,20 @@ const fn same_offset(a: Option<u32>, b: Option<u32>) -> bool {
     }
 }
 
-/// A matrix's weight rows: `full` blocks each in `w`, then each row's last block in `tails`
-/// if that is not empty. Both unpack into the same registers.
-struct Weights<'a, B, H> {
-    w: &'a [B],
-    tails: &'a [H],
-    full: usize,
-}
-
-impl<B: Unpack, H: Unpack> Weights<'_, B, H> {
-    /// Block `b` of row `j`, prefetching ahead, in registers.
-    ///
-    /// # Safety
-    /// The CPU must have AVX-512 F, BW and VNNI; `j` is a row of the matrix and `b` one of
-    /// its blocks ([`packed_tile`] checks the slice lengths against them).
-    #[inline(always)]
-    unsafe fn unpack(&self, j: usize, b: usize) -> ([__m512i; 4], __m512, __m512) {
-        if b < self.full {
-            let x = self.w.get_unchecked(j * self.full + b);
-            prefetch(x);
-            x.unpack()
-        } else {
-            let x = self.tails.get_unchecked(j);
-            prefetch(x);
-            x.unpack()
-        }
+/// Block `b` of weight row `j`, prefetching ahead, in registers.
+///
+/// # Safety
+/// The CPU must have AVX-512 F, BW and VNNI; `j` and `b` as [`Weights::block`] requires
+/// ([`packed_tile`] checks).
+#[inline(always)]
+unsafe fn unpack<B: Unpack, H: Unpack>(
+    w: &Weights<B, H>,
+    j: usize,
+    b: usize,
+) -> ([__m512i; 4], __m512, __m512) {
+    match w.block(j, b) {
+        Part::Whole(x) => x.unpack(),
+        Part::Half(x) => x.unpack(),
     }
 }
 
@@ -387,10 +371,7 @@ unsafe fn packed_tile<B: Unpack, H: Unpack>(
     out: &mut Tile,
 ) {
     assert!(
-        js.end
-            .checked_mul(w.full)
-            .is_some_and(|len| len <= w.w.len())
-            && (w.full == kb || js.end <= w.tails.len())
+        w.holds(js.end, kb)
             && rows.checked_mul(kb).is_some_and(|len| len <= acts.len())
             && js.len() <= out.len()
     );
@@ -461,7 +442,7 @@ unsafe fn one_row<B: Unpack, H: Unpack>(
 ) {
     let mut acc = [_mm512_setzero_ps(); MAX_ROWS];
     for b in 0..kb {
-        let u = w.unpack(j, b);
+        let u = unpack(w, j, b);
         for (r, acc) in acc[..rows].iter_mut().enumerate() {
             let a = acts.get_unchecked(r * kb + b);
             *acc = block_dot::<B>(&u, &load_act(a), a, *acc);
@@ -487,7 +468,7 @@ unsafe fn two_rows<B: Unpack, H: Unpack>(
     let mut acc0 = [_mm512_setzero_ps(); MAX_ROWS];
     let mut acc1 = [_mm512_setzero_ps(); MAX_ROWS];
     for b in 0..kb {
-        let (u0, u1) = (w.unpack(j, b), w.unpack(j + 1, b));
+        let (u0, u1) = (unpack(w, j, b), unpack(w, j + 1, b));
         for r in 0..rows {
             let a = acts.get_unchecked(r * kb + b);
             let av = load_act(a);

@@ -316,6 +316,55 @@ fn for_each_output(
     });
 }
 
+/// A matrix's weight rows as the kernels read them: `full` blocks each in `w`, then each row's
+/// last block in `tails` if that is not empty (in half size: `layout::Rows`).
+#[cfg(target_arch = "x86_64")]
+struct Weights<'a, B, H> {
+    w: &'a [B],
+    tails: &'a [H],
+    full: usize,
+}
+
+/// A block of [`Weights`]: whole, or a row's half-size last block.
+#[cfg(target_arch = "x86_64")]
+enum Part<'a, B, H> {
+    Whole(&'a B),
+    Half(&'a H),
+}
+
+#[cfg(target_arch = "x86_64")]
+impl<'a, B, H> Weights<'a, B, H> {
+    /// Rows of `kb` blocks each.
+    fn new(w: &'a [B], tails: &'a [H], kb: usize) -> Self {
+        let full = kb - usize::from(!tails.is_empty());
+        Self { w, tails, full }
+    }
+
+    /// Whether rows `..end` of `kb` blocks are all there.
+    fn holds(&self, end: usize, kb: usize) -> bool {
+        end.checked_mul(self.full)
+            .is_some_and(|len| len <= self.w.len())
+            && (self.full == kb || end <= self.tails.len())
+    }
+
+    /// Block `b` of row `j`, prefetching ahead.
+    ///
+    /// # Safety
+    /// `j` is below an `end` for which [`Weights::holds`] is true, and `b` below its `kb`.
+    #[inline(always)]
+    unsafe fn block(&self, j: usize, b: usize) -> Part<'a, B, H> {
+        if b < self.full {
+            let x = self.w.get_unchecked(j * self.full + b);
+            prefetch(x);
+            Part::Whole(x)
+        } else {
+            let x = self.tails.get_unchecked(j);
+            prefetch(x);
+            Part::Half(x)
+        }
+    }
+}
+
 /// How far ahead (in bytes) the kernels prefetch weights: far enough for a one-token decode,
 /// which streams the weights from memory, to keep the memory busy (measured on an Intel Xeon:
 /// decode 10-12% faster than at 1 KB on both families, 8 KB no better, prefills unchanged);
