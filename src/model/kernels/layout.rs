@@ -663,48 +663,43 @@ const Q4_1_ZERO: Q4_1 = Q4_1 {
     qs: [0; 16],
 };
 
+/// Rows of a per-32 format packed eight blocks at a time ([`pack_groups`]), each row's short
+/// last block kept in half size ([`split_tails`]).
+fn pack_per32<C, T, P: Halves + Clone>(
+    blocks: &[C],
+    cols: usize,
+    zero: &T,
+    pack: impl Fn([&T; 8]) -> P,
+) -> Rows<P, P::Half> {
+    split_tails(pack_groups(view(blocks), cols, zero, pack), cols)
+}
+
 pub(super) fn pack_q5_0(blocks: &[BlockQ5_0], cols: usize) -> Rows<PackedQ5_0, HalfQ5_0> {
-    split_tails(
-        pack_groups(view(blocks), cols, &Q5_0_ZERO, PackedQ5_0::new),
-        cols,
-    )
+    pack_per32(blocks, cols, &Q5_0_ZERO, PackedQ5_0::new)
 }
 
 pub(super) fn pack_q8_0(blocks: &[BlockQ8_0], cols: usize) -> Rows<PackedQ8_0<WIDE>, HalfQ8_0Wide> {
-    split_tails(
-        pack_groups(view(blocks), cols, &Q8_0_ZERO, PackedQ8_0::new),
-        cols,
-    )
+    pack_per32(blocks, cols, &Q8_0_ZERO, PackedQ8_0::new)
 }
 
 pub(super) fn pack_q5_0_planes(
     blocks: &[BlockQ5_0],
     cols: usize,
 ) -> Rows<PackedQ5_0Planes, HalfQ5_0Planes> {
-    let packed = pack_groups(view(blocks), cols, &Q5_0_ZERO, PackedQ5_0Planes::new);
-    split_tails(packed, cols)
+    pack_per32(blocks, cols, &Q5_0_ZERO, PackedQ5_0Planes::new)
 }
 
 pub(super) fn pack_q8_0_narrow(
     blocks: &[BlockQ8_0],
     cols: usize,
 ) -> Rows<PackedQ8_0<NARROW>, HalfQ8_0> {
-    split_tails(
-        pack_groups(view(blocks), cols, &Q8_0_ZERO, PackedQ8_0::new),
-        cols,
-    )
+    pack_per32(blocks, cols, &Q8_0_ZERO, PackedQ8_0::new)
 }
 
 pub(super) fn pack_q4_0(blocks: &[BlockQ4_0], cols: usize) -> Rows<PackedQ4_0<NARROW>, HalfQ4_0> {
-    split_tails(
-        pack_groups(view(blocks), cols, &Q4_0_ZERO, PackedQ4_0::new),
-        cols,
-    )
+    pack_per32(blocks, cols, &Q4_0_ZERO, PackedQ4_0::new)
 }
 
 pub(super) fn pack_q4_1(blocks: &[BlockQ4_1], cols: usize) -> Rows<PackedQ4_1<NARROW>, HalfQ4_1> {
-    split_tails(
-        pack_groups(view(blocks), cols, &Q4_1_ZERO, PackedQ4_1::new),
-        cols,
-    )
+    pack_per32(blocks, cols, &Q4_1_ZERO, PackedQ4_1::new)
 }
