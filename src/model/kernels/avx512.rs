@@ -4,8 +4,8 @@
 //! fused multiply-add, with the scales applied per 32-bit lane after the integer sums. Formats
 //! stored plus a constant take its products off the integer sums (one subtraction, exact);
 //! Q4_K's mins take a second fused multiply-add. Weight blocks are unpacked once for all
-//! activation rows; above [`PAIR_ABOVE`] rows, weight rows go in pairs so that each activation
-//! vector is loaded once for both.
+//! activation rows; when the activation rows outgrow L1 ([`in_pairs`]), weight rows go in pairs
+//! so that each activation vector is loaded once for both.
 
 use super::layout::{
     f16_to_f32, HalfQ5_0, HalfQ8_0Wide, PackedQ4K, PackedQ5_0, PackedQ6K, PackedQ8_0, QK, WIDE,
@@ -350,14 +350,23 @@ impl Unpack for HalfQ8_0Wide {
     }
 }
 
-/// Activation rows above which weight rows go in pairs (measured: slower at 4 rows, even at 8,
-/// 20% faster at 16).
-const PAIR_ABOVE: usize = 8;
+/// The activation bytes a tile may sweep per weight row before weight rows go in pairs: about
+/// what stays in a core's L1 data cache (32-48 KB on CPUs with AVX-512). Beyond it each
+/// activation vector comes from L2, whose bandwidth, not the multiply-adds, then bounds a
+/// block, and sharing each load between two weight rows halves that traffic (measured with
+/// the `kernel_timing` test: the 1.5B's `down` shape, 35 blocks a row, 23-27% faster per
+/// product at 4-8 rows; within L1, pairs are up to 9% slower at 2 rows and even above).
+const L1_ACTS: usize = 32 << 10;
+
+/// Whether a tile of `rows` activation rows of `kb` blocks goes in weight-row pairs.
+fn in_pairs(rows: usize, kb: usize) -> bool {
+    rows > 1 && rows * kb * std::mem::size_of::<ActBlock>() > L1_ACTS
+}
 
 /// Weight rows `js` (each `kb` blocks of `w`) against `rows` activation rows
-/// (`acts[r * kb + b]`), block by block. With many activation rows, weight rows go in pairs so
-/// that each activation vector is loaded once for both; every (weight row, activation row)
-/// pair goes through the same operations either way.
+/// (`acts[r * kb + b]`), block by block. When the activation rows outgrow L1 ([`in_pairs`]),
+/// weight rows go in pairs so that each activation vector is loaded once for both; every
+/// (weight row, activation row) pair goes through the same operations either way.
 ///
 /// # Safety
 /// The CPU must have AVX-512 F, BW and VNNI. Slice lengths are checked here.
@@ -375,10 +384,10 @@ unsafe fn packed_tile<B: Unpack, H: Unpack>(
             && rows.checked_mul(kb).is_some_and(|len| len <= acts.len())
             && js.len() <= out.len()
     );
-    let first = js.start;
+    let (first, pairs) = (js.start, in_pairs(rows, kb));
     let mut i = 0;
     while i < js.len() {
-        if rows > PAIR_ABOVE && i + 1 < js.len() {
+        if pairs && i + 1 < js.len() {
             let [o0, o1] = out.get_disjoint_mut([i, i + 1]).unwrap();
             two_rows(w, first + i, acts, kb, rows, o0, o1);
             i += 2;
