@@ -385,6 +385,9 @@ unsafe fn packed_tile<B: Unpack, H: Unpack>(
             && js.len() <= out.len()
     );
     let (first, pairs) = (js.start, in_pairs(rows, kb));
+    // In pairs, the next pair's rows are prefetched (`Weights::in_groups_of`).
+    let grouped = w.in_groups_of(2);
+    let w = if pairs { &grouped } else { w };
     let mut i = 0;
     while i < js.len() {
         if pairs && i + 1 < js.len() {

@@ -323,6 +323,9 @@ struct Weights<'a, B, H> {
     w: &'a [B],
     tails: &'a [H],
     full: usize,
+    /// How many weight rows on [`Weights::block`] prefetches the same block: 0 for
+    /// [`PREFETCH`] bytes ahead instead.
+    rows_ahead: usize,
 }
 
 /// A block of [`Weights`]: whole, or a row's half-size last block.
@@ -334,10 +337,27 @@ enum Part<'a, B, H> {
 
 #[cfg(target_arch = "x86_64")]
 impl<'a, B, H> Weights<'a, B, H> {
-    /// Rows of `kb` blocks each.
+    /// Rows of `kb` blocks each, read one after another: [`Weights::block`] prefetches
+    /// [`PREFETCH`] bytes ahead.
     fn new(w: &'a [B], tails: &'a [H], kb: usize) -> Self {
         let full = kb - usize::from(!tails.is_empty());
-        Self { w, tails, full }
+        Self {
+            w,
+            tails,
+            full,
+            rows_ahead: 0,
+        }
+    }
+
+    /// The same rows read `rows` at a time, block by block (rows in pairs): [`Weights::block`]
+    /// prefetches the same block of the next group's rows. A fixed distance ahead would land
+    /// in the rows being read and never reach the next group's later rows, which then came
+    /// from memory unannounced (measured: the 1.5B's 8-token verify 3% slower).
+    fn in_groups_of(&self, rows: usize) -> Self {
+        Self {
+            rows_ahead: rows,
+            ..*self
+        }
     }
 
     /// Whether rows `..end` of `kb` blocks are all there.
@@ -353,13 +373,19 @@ impl<'a, B, H> Weights<'a, B, H> {
     /// `j` is below an `end` for which [`Weights::holds`] is true, and `b` below its `kb`.
     #[inline(always)]
     unsafe fn block(&self, j: usize, b: usize) -> Part<'a, B, H> {
+        // The address prefetched may lie past the end of the weights: it is computed with
+        // wrapping arithmetic and only prefetched, never read (a prefetch does not fault).
+        let ahead = |x: *const u8, row_bytes: usize| match self.rows_ahead {
+            0 => x.wrapping_add(PREFETCH),
+            rows => x.wrapping_add(rows * row_bytes),
+        };
         if b < self.full {
             let x = self.w.get_unchecked(j * self.full + b);
-            prefetch(x);
+            prefetch::<B>(ahead(x as *const B as _, self.full * size_of::<B>()));
             Part::Whole(x)
         } else {
             let x = self.tails.get_unchecked(j);
-            prefetch(x);
+            prefetch::<H>(ahead(x as *const H as _, size_of::<H>()));
             Part::Half(x)
         }
     }
@@ -372,17 +398,14 @@ impl<'a, B, H> Weights<'a, B, H> {
 #[cfg(target_arch = "x86_64")]
 const PREFETCH: usize = 4096;
 
-/// Prefetches the weights `PREFETCH` bytes after block `x`. The address may lie past the end
-/// of the weights: it is computed with wrapping arithmetic and only prefetched, never read
-/// (a prefetch does not fault).
+/// Prefetches the cache lines of a block of type `B` at `at`, which need not be readable.
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
-fn prefetch<B>(x: &B) {
+fn prefetch<B>(at: *const u8) {
     use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
-    let ahead = (x as *const B as *const i8).wrapping_add(PREFETCH);
-    for line in 0..std::mem::size_of::<B>().div_ceil(64) {
+    for line in 0..size_of::<B>().div_ceil(64) {
         // SAFETY: SSE is part of x86-64; a prefetch never dereferences its address.
-        unsafe { _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(64 * line)) };
+        unsafe { _mm_prefetch::<_MM_HINT_T0>(at.wrapping_add(64 * line) as *const i8) };
     }
 }
 
