@@ -18,8 +18,12 @@ pub fn exp(x: f32) -> f32 {
     const LN2_HI: f32 = 0.693_359_4;
     const LN2_LO: f32 = -2.121_944_4e-4;
     let xc = x.clamp(LOW, 88.0);
-    // Round to the nearest integer: adding 1.5 * 2^23 leaves no fraction bits.
-    let n = (xc * LOG2E + 12_582_912.0) - 12_582_912.0;
+    // Round to the nearest integer: adding 1.5 * 2^23 leaves no fraction bits, and the low bits
+    // of the sum are then n's (plus 0x4B40_0000), which builds 2^n below without a float to
+    // integer conversion (Rust's saturating `as i32` does not vectorize: a loop over `exp`
+    // was 1.8 ns per value with it).
+    let shifted = xc * LOG2E + 12_582_912.0;
+    let n = shifted - 12_582_912.0;
     let r = n.mul_add(-LN2_LO, n.mul_add(-LN2_HI, xc));
     // e^r on [-ln2/2, ln2/2]: the minimax polynomial of Cephes' expf.
     let mut p = 1.987_569_2e-4f32;
@@ -29,7 +33,8 @@ pub fn exp(x: f32) -> f32 {
     p = p.mul_add(r, 1.666_666_5e-1);
     p = p.mul_add(r, 0.5); // 5.0000001201e-1 rounds to 0.5 in f32
     let er = p.mul_add(r * r, r) + 1.0;
-    let e = er * f32::from_bits(((n as i32 + 127) as u32) << 23);
+    // n is in -126..=127 (xc is clamped), so n + 127 is a normal number's exponent.
+    let e = er * f32::from_bits(shifted.to_bits().wrapping_sub(0x4B40_0000 - 127) << 23);
     if x < LOW {
         0.0
     } else {
