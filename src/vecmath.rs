@@ -33,7 +33,8 @@ pub fn exp(x: f32) -> f32 {
     p = p.mul_add(r, 1.666_666_5e-1);
     p = p.mul_add(r, 0.5); // 5.0000001201e-1 rounds to 0.5 in f32
     let er = p.mul_add(r * r, r) + 1.0;
-    // n is in -126..=127 (xc is clamped), so n + 127 is a normal number's exponent.
+    // n is in -126..=127 (xc is clamped; NaN aside, whose product stays NaN), so n + 127 is a
+    // normal number's exponent.
     let e = er * f32::from_bits(shifted.to_bits().wrapping_sub(0x4B40_0000 - 127) << 23);
     if x < LOW {
         0.0
@@ -218,6 +219,53 @@ mod tests {
         assert_eq!(exp(-100.0), 0.0);
         assert!(exp(f32::NAN).is_nan());
         assert!(exp(1000.0).is_finite());
+    }
+
+    /// 2^n built from the rounding sum's bits is what the plain conversion `n as i32` gives:
+    /// the same bits at the ends of the range (where n is -126 and 127), at the clamps and
+    /// their neighbours, for the special values, and on a spread of every bit pattern.
+    #[test]
+    fn exp_builds_the_exponent_as_the_conversion_does() {
+        fn by_conversion(x: f32) -> f32 {
+            let xc = x.clamp(-87.336_55, 88.0);
+            let n = (xc * std::f32::consts::LOG2_E + 12_582_912.0) - 12_582_912.0;
+            let r = n.mul_add(2.121_944_4e-4, n.mul_add(-0.693_359_4, xc));
+            let mut p = 1.987_569_2e-4f32;
+            for c in [
+                1.398_199_9e-3,
+                8.333_452e-3,
+                4.166_579_6e-2,
+                1.666_666_5e-1,
+                0.5,
+            ] {
+                p = p.mul_add(r, c);
+            }
+            let e = (p.mul_add(r * r, r) + 1.0) * f32::from_bits(((n as i32 + 127) as u32) << 23);
+            if x < -87.336_55 {
+                0.0
+            } else {
+                e
+            }
+        }
+        let edges = [-87.336_55f32, 88.0, -87.3, 87.9, 0.0, -0.0, 1e-30, -1e-30];
+        let specials = [
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            f32::MAX,
+            f32::MIN,
+            f32::NAN,
+        ];
+        let near = edges.iter().flat_map(|&x| {
+            (-3..=3i32).map(move |d| f32::from_bits(x.to_bits().wrapping_add_signed(d)))
+        });
+        let spread = (0..=u32::MAX).step_by(9_973).map(f32::from_bits);
+        for x in near.chain(specials).chain(spread) {
+            let (got, want) = (exp(x), by_conversion(x));
+            assert!(
+                got.to_bits() == want.to_bits() || (got.is_nan() && want.is_nan()),
+                "exp({x}) = {got}, by conversion {want}"
+            );
+        }
     }
 
     #[test]
