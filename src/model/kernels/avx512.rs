@@ -354,8 +354,9 @@ impl Unpack for HalfQ8_0Wide {
 /// what stays in a core's L1 data cache (32-48 KB on CPUs with AVX-512). Beyond it each
 /// activation vector comes from L2, whose bandwidth, not the multiply-adds, then bounds a
 /// block, and sharing each load between two weight rows halves that traffic (measured with
-/// the `kernel_timing` test: the 1.5B's `down` shape, 35 blocks a row, 23-27% faster per
-/// product at 4-8 rows; within L1, pairs are up to 9% slower at 2 rows and even above).
+/// the `kernel_timing` test: the 1.5B's `down` shape, 35 blocks a row, 21-29% less time per
+/// product at 4-8 rows; while the activations stay in L1, pairs gain nothing and were up to
+/// 9% slower, at 2 rows).
 const L1_ACTS: usize = 32 << 10;
 
 /// Whether a tile of `rows` activation rows of `kb` blocks goes in weight-row pairs.

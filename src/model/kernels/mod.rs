@@ -350,9 +350,10 @@ impl<'a, B, H> Weights<'a, B, H> {
     }
 
     /// The same rows read `rows` at a time, block by block (rows in pairs): [`Weights::block`]
-    /// prefetches the same block of the next group's rows. A fixed distance ahead would land
-    /// in the rows being read and never reach the next group's later rows, which then came
-    /// from memory unannounced (measured: the 1.5B's 8-token verify 3% slower).
+    /// prefetches the same block of the next group's rows. For rows longer than [`PREFETCH`]
+    /// (the 1.5B's `down`: 5 KB), a fixed distance ahead lands in the rows being read and
+    /// never reaches the next group's later rows, which then came from memory unannounced
+    /// (measured: the 1.5B's 8-token verify 3% slower).
     fn in_groups_of(&self, rows: usize) -> Self {
         Self {
             rows_ahead: rows,
@@ -393,8 +394,8 @@ impl<'a, B, H> Weights<'a, B, H> {
 
 /// How far ahead (in bytes) the kernels prefetch weights: far enough for a one-token decode,
 /// which streams the weights from memory, to keep the memory busy (measured on an Intel Xeon:
-/// decode 10-12% faster than at 1 KB on both families, 8 KB no better, prefills unchanged);
-/// with many activation rows a block takes long enough to compute that any distance does.
+/// decode 10-12% faster than at 1 KB on both families, 8 KB no better, prefills unchanged).
+/// Rows read in pairs prefetch by rows instead ([`Weights::in_groups_of`]).
 #[cfg(target_arch = "x86_64")]
 const PREFETCH: usize = 4096;
 
