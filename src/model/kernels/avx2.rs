@@ -15,10 +15,14 @@
 //! the usual sign transfer (`|w|` times the activation with the sign of `w`) one vector at a
 //! time. Q4_K and Q6_K multiply their integer sub-block scales into the widening itself.
 //!
-//! A weight block is unpacked into registers once ([`Block::unpack`]) and then multiplied by
-//! every activation row's block ([`Block::dot`]). Each (weight row, activation row) pair goes
-//! through the same operations whatever the number of rows, so a k-row product equals k
-//! one-row products bit for bit.
+//! A weight block is unpacked into registers once, in two halves of four vectors
+//! ([`Block::vectors`]), multiplied by every activation row's ([`Block::half`]) and the sum of
+//! both halves scaled ([`Block::finish`]). An AVX2-only build, with 16 vector registers, takes
+//! the first half over all of a group's rows, then the second, so that four value vectors are
+//! live instead of eight and the group's sums stay in registers; a build with AVX-512's 32
+//! keeps all eight and takes the rows one by one ([`REGISTERS_32`]). Each (weight row,
+//! activation row) pair goes through the same operations whatever the number of rows and in
+//! either order, so a k-row product equals k one-row products bit for bit.
 
 use super::layout::{
     HalfQ4_0, HalfQ4_1, HalfQ5_0Planes, HalfQ8_0, PackedQ4K, PackedQ4_0, PackedQ4_1,
@@ -44,14 +48,33 @@ pub(super) fn supported() -> bool {
 pub(super) unsafe fn matmul<B, H>(
     w: &[B],
     tails: &[H],
+    mkn: (usize, usize, usize),
+    lhs: &[f32],
+    dst: &mut [f32],
+) where
+    B: Block + Sync,
+    H: Block<Scales = B::Scales> + Sync,
+{
+    matmul_in_order::<B, H, { !REGISTERS_32 }>(w, tails, mkn, lhs, dst)
+}
+
+/// [`matmul`], taking each block half by half over a group's rows if `HALF_BY_HALF`, else
+/// whole row by row ([`REGISTERS_32`]): the same operations per (weight row, activation row)
+/// pair in another order, so the same bits (tested).
+///
+/// # Safety
+/// As [`matmul`].
+pub(super) unsafe fn matmul_in_order<B, H, const HALF_BY_HALF: bool>(
+    w: &[B],
+    tails: &[H],
     (m, k, n): (usize, usize, usize),
     lhs: &[f32],
     dst: &mut [f32],
 ) where
     B: Block + Sync,
-    H: Block<Unpacked = B::Unpacked> + Sync,
+    H: Block<Scales = B::Scales> + Sync,
 {
-    const { assert!(B::PER32 == H::PER32 && B::OFFSET == H::OFFSET) };
+    const { assert!(B::PER32 == H::PER32 && B::OFFSET == H::OFFSET && B::WIDE == H::WIDE) };
     let kb = k.div_ceil(QK);
     let w = Weights::new(w, tails, kb);
     assert!(w.holds(n, kb) && Some(lhs.len()) == m.checked_mul(k));
@@ -60,25 +83,32 @@ pub(super) unsafe fn matmul<B, H>(
     for_each_output(m, n, dst, |js, r0, rows, out| {
         // SAFETY: the caller guarantees the CPU features; `js` is within the `n` rows of `w`
         // (checked above) and rows `r0..r0 + rows` within the `m` quantized rows.
-        unsafe { tile(&w, js, &acts[r0 * kb..], kb, slab, rows, out) }
+        unsafe { tile::<B, H, HALF_BY_HALF>(&w, js, &acts[r0 * kb..], kb, slab, rows, out) }
     });
 }
 
-/// Block `b` of weight row `j`, prefetching ahead, in registers, which `B::dot` multiplies (a
-/// half block unpacks into its whole block's registers: `per32_blocks!`).
+/// Half `h` of a block's value vectors, whole or half-size (which reads as its whole block's
+/// registers: `per32_blocks!`).
 ///
 /// # Safety
-/// The CPU must have AVX2 and F16C; `j` and `b` as [`Weights::block`] requires ([`tile`]
-/// checks).
+/// The CPU must have AVX2 and F16C; `h < 2`.
 #[inline(always)]
-unsafe fn unpack<B: Block, H: Block<Unpacked = B::Unpacked>>(
-    w: &Weights<B, H>,
-    j: usize,
-    b: usize,
-) -> B::Unpacked {
-    match w.block(j, b) {
-        Part::Whole(x) => x.unpack(),
-        Part::Half(x) => x.unpack(),
+unsafe fn vectors<B: Block, H: Block>(part: &Part<B, H>, h: usize) -> [__m256i; 4] {
+    match part {
+        Part::Whole(x) => x.vectors(h),
+        Part::Half(x) => x.vectors(h),
+    }
+}
+
+/// A block's scales, whole or half-size.
+///
+/// # Safety
+/// The CPU must have AVX2 and F16C.
+#[inline(always)]
+unsafe fn scales<B: Block, H: Block<Scales = B::Scales>>(part: &Part<B, H>) -> B::Scales {
+    match part {
+        Part::Whole(x) => x.scales(),
+        Part::Half(x) => x.scales(),
     }
 }
 
@@ -198,26 +228,56 @@ impl ActBlock {
     }
 }
 
-/// What the kernels need of a packed block format: unpacking into registers once, then a dot
-/// product with each activation row's block.
+/// What the kernels need of a packed block format: its value vectors in registers half by half,
+/// each half's products with an activation block, and the scaling of their sum.
 pub(super) trait Block {
     /// One weight scale per 32 values: activations take one per 32 too ([`ActBlock`]).
     const PER32: bool = false;
     /// What the values are stored plus, if the kernel takes it off in 16 bits with
     /// [`ActBlock::offsets`] (0 otherwise).
     const OFFSET: i16 = 0;
-    /// The block in registers: its eight value vectors and its scales.
-    type Unpacked;
+    /// Whether [`Block::half`] sums into 32-bit lanes (widened per half) rather than 16-bit.
+    const WIDE: bool = false;
+    /// The block's scales in registers.
+    type Scales: Copy;
+
+    /// Value vectors `4h..4h + 4` (unsigned bytes).
+    ///
+    /// # Safety
+    /// The CPU must have AVX2; `h < 2`.
+    unsafe fn vectors(&self, h: usize) -> [__m256i; 4];
 
     /// # Safety
     /// The CPU must have AVX2 and F16C.
-    unsafe fn unpack(&self) -> Self::Unpacked;
+    unsafe fn scales(&self) -> Self::Scales;
 
-    /// `acc` plus the block's products with `a`, per lane (the caller sums the lanes).
+    /// The products of half `h`'s vectors `w` with `a`'s, summed per lane: in 16 bits, or in
+    /// 32 if [`Block::WIDE`].
+    ///
+    /// # Safety
+    /// The CPU must have AVX2; `h < 2`.
+    unsafe fn half(w: &[__m256i; 4], s: &Self::Scales, a: &ActBlock, h: usize) -> __m256i;
+
+    /// `acc` plus the block's products with `a` from the sum of both halves, per lane (the
+    /// caller sums the lanes).
     ///
     /// # Safety
     /// The CPU must have AVX2 and FMA.
-    unsafe fn dot(w: &Self::Unpacked, a: &ActBlock, acc: __m256) -> __m256;
+    unsafe fn finish(s: &Self::Scales, ints: __m256i, a: &ActBlock, acc: __m256) -> __m256;
+}
+
+/// Both halves' sums of a format `B` as one (exact: the formats' bounds keep the total in
+/// range, and wrapping on the way does not change it).
+///
+/// # Safety
+/// The CPU must have AVX2.
+#[inline(always)]
+unsafe fn both<B: Block>(lo: __m256i, hi: __m256i) -> __m256i {
+    if B::WIDE {
+        _mm256_add_epi32(lo, hi)
+    } else {
+        _mm256_add_epi16(lo, hi)
+    }
 }
 
 /// Vector `z` of an activation block.
@@ -309,44 +369,27 @@ unsafe fn byte_lanes(bytes: &[u8; 8], twice: bool) -> __m256i {
     _mm256_shuffle_epi8(v, std::mem::transmute::<[i8; 32], __m256i>(idx))
 }
 
-/// The eight vectors of a layout's nibble bytes stored from `qs` (128 bytes, or 64 for
-/// [`Low`]).
+/// Vectors `4h..4h + 4` of a layout's nibble bytes stored from `qs` (128 bytes, or 64 for
+/// [`Low`]): the low and high nibbles of stored vectors `2h` and `2h + 1`.
 ///
 /// # Safety
-/// The CPU must have AVX2; `qs` points to the stored nibbles.
+/// The CPU must have AVX2; `qs` points to the stored nibbles; `h < 2`.
 #[inline(always)]
-unsafe fn nibbles<L: Lanes>(qs: *const u8) -> [__m256i; 8] {
+unsafe fn nibbles<L: Lanes>(qs: *const u8, h: usize) -> [__m256i; 4] {
     let m4 = _mm256_set1_epi8(0x0f);
-    let mut w = [_mm256_setzero_si256(); 8];
-    for p in 0..4 {
-        let v = L::vector(qs, p);
-        w[2 * p] = _mm256_and_si256(v, m4);
-        w[2 * p + 1] = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
-    }
-    w
+    let [v0, v1] = [0, 1].map(|p| L::vector(qs, 2 * h + p));
+    [
+        _mm256_and_si256(v0, m4),
+        _mm256_and_si256(_mm256_srli_epi16(v0, 4), m4),
+        _mm256_and_si256(v1, m4),
+        _mm256_and_si256(_mm256_srli_epi16(v1, 4), m4),
+    ]
 }
 
-/// `acc + (ints · scale) - sums32 · offset`, per lane (Q4_K: the offset is its min).
-///
-/// # Safety
-/// The CPU must have AVX2 and FMA.
-#[inline(always)]
-unsafe fn finish(
-    ints: __m256i,
-    scale: __m256,
-    offset: __m256,
-    a: &ActBlock,
-    acc: __m256,
-) -> __m256 {
-    // Lane sums stay below 2^24, so the conversion is exact.
-    let acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ints), scale, acc);
-    _mm256_fnmadd_ps(_mm256_load_ps(a.sums32.as_ptr()), offset, acc)
-}
-
-/// A block of a format with one scale per 32 values (Q4_0, Q4_1, Q5_0, Q8_0) in registers:
-/// the value vectors, the scale per lane, and (Q4_1) the min per unit of activation sum.
-pub(super) struct Unpacked32 {
-    w: [__m256i; 8],
+/// The scales of a format with one per 32 values (Q4_0, Q4_1, Q5_0, Q8_0): the scale per lane
+/// and (Q4_1) the min per unit of activation sum.
+#[derive(Clone, Copy)]
+pub(super) struct Scales32 {
     scale: __m256,
     min: __m256,
 }
@@ -356,22 +399,21 @@ pub(super) struct Unpacked32 {
 /// # Safety
 /// The CPU must have AVX2 and FMA.
 #[inline(always)]
-unsafe fn scaled32(u: &Unpacked32, ints: __m256i, a: &ActBlock, acc: __m256) -> __m256 {
-    let scale = _mm256_mul_ps(u.scale, _mm256_load_ps(a.d32.as_ptr()));
+unsafe fn scaled32(s: &Scales32, ints: __m256i, a: &ActBlock, acc: __m256) -> __m256 {
+    let scale = _mm256_mul_ps(s.scale, _mm256_load_ps(a.d32.as_ptr()));
     _mm256_fmadd_ps(_mm256_cvtepi32_ps(ints), scale, acc)
 }
 
-/// The 16-bit products of a block's eight vectors with `a`, less the storage offset's part
-/// ([`ActBlock::offsets`]): the products of the true values, for formats whose true values
-/// times 16 activations fit in 16 bits (Q5_0, Q4_0: at most 16 * 16 * 127 = 32,512).
+/// The 16-bit products of half `h` of a block's vectors with `a`, less the storage offset's
+/// part ([`ActBlock::offsets`]): the products of the true values, for formats whose true
+/// values times 16 activations fit in 16 bits over the block (Q5_0, Q4_0: at most
+/// 16 * 16 * 127 = 32,512; the sums may wrap on the way, the total is in range and exact).
 ///
 /// # Safety
-/// The CPU must have AVX2.
+/// The CPU must have AVX2; `h < 2`.
 #[inline(always)]
-unsafe fn centered_products(w: &[__m256i; 8], a: &ActBlock) -> __m256i {
-    // The 16-bit sums may wrap on the way; the result is in range, so it is exact.
-    let sum = _mm256_sub_epi16(products(w, a, 0), offsets(a, 0));
-    _mm256_sub_epi16(sum, offsets(a, 1))
+unsafe fn centered(w: &[__m256i; 4], a: &ActBlock, h: usize) -> __m256i {
+    _mm256_sub_epi16(products(w, a, 4 * h), offsets(a, h))
 }
 
 /// [`ActBlock::offsets`] of vectors 0-3 (`half` 0) or 4-7 (1).
@@ -383,26 +425,30 @@ unsafe fn offsets(a: &ActBlock, half: usize) -> __m256i {
     _mm256_load_si256(a.offsets.as_ptr().add(half) as *const _)
 }
 
-/// A Q4_K block in registers: values, the integer scale per lane (twice, for `vpmaddwd`),
-/// `d`, and the min times `dmin` per lane.
-pub(super) struct UnpackedQ4K {
-    w: [__m256i; 8],
+/// The scales of a Q4_K block: the integer scale per lane (twice, for `vpmaddwd`), `d`, and
+/// the min times `dmin` per lane.
+#[derive(Clone, Copy)]
+pub(super) struct ScalesQ4K {
     scales: __m256i,
     d: __m256,
     offset: __m256,
 }
 
 impl Block for PackedQ4K<NARROW> {
-    type Unpacked = UnpackedQ4K;
+    type Scales = ScalesQ4K;
 
     #[inline(always)]
-    unsafe fn unpack(&self) -> UnpackedQ4K {
+    unsafe fn vectors(&self, h: usize) -> [__m256i; 4] {
+        nibbles::<Whole>(self.qs.as_ptr(), h)
+    }
+
+    #[inline(always)]
+    unsafe fn scales(&self) -> ScalesQ4K {
         let dd = _mm_cvtph_ps(_mm_cvtsi32_si128(
             (self.d as u32 | (self.dmin as u32) << 16) as i32,
         ));
         let mins = _mm256_cvtepi32_ps(byte_lanes(&self.mins, false));
-        UnpackedQ4K {
-            w: nibbles::<Whole>(self.qs.as_ptr()),
+        ScalesQ4K {
             scales: byte_lanes(&self.scales, true),
             d: _mm256_broadcastss_ps(dd),
             offset: _mm256_mul_ps(_mm256_broadcastss_ps(_mm_movehdup_ps(dd)), mins),
@@ -410,42 +456,50 @@ impl Block for PackedQ4K<NARROW> {
     }
 
     #[inline(always)]
-    unsafe fn dot(u: &UnpackedQ4K, a: &ActBlock, acc: __m256) -> __m256 {
-        let ints = _mm256_madd_epi16(products(&u.w, a, 0), u.scales);
-        let scale = _mm256_mul_ps(u.d, _mm256_broadcast_ss(&a.d));
-        finish(ints, scale, u.offset, a, acc)
+    unsafe fn half(w: &[__m256i; 4], _: &ScalesQ4K, a: &ActBlock, h: usize) -> __m256i {
+        products(w, a, 4 * h)
+    }
+
+    #[inline(always)]
+    unsafe fn finish(s: &ScalesQ4K, ints: __m256i, a: &ActBlock, acc: __m256) -> __m256 {
+        let ints = _mm256_madd_epi16(ints, s.scales);
+        let scale = _mm256_mul_ps(s.d, _mm256_broadcast_ss(&a.d));
+        // Lane sums stay below 2^24, so the conversion is exact.
+        let acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ints), scale, acc);
+        _mm256_fnmadd_ps(_mm256_load_ps(a.sums32.as_ptr()), s.offset, acc)
     }
 }
 
-/// A Q6_K block in registers: values, the integer scales of each lane's first and second 16
-/// values (twice per lane, for `vpmaddwd`) and `d`.
-pub(super) struct UnpackedQ6K {
-    w: [__m256i; 8],
-    first: __m256i,
-    second: __m256i,
+/// The scales of a Q6_K block: the integer scales of each lane's first and second 16 values
+/// (twice per lane, for `vpmaddwd`) and `d`.
+#[derive(Clone, Copy)]
+pub(super) struct ScalesQ6K {
+    halves: [__m256i; 2],
     d: __m256,
 }
 
 impl Block for PackedQ6K<NARROW> {
     const OFFSET: i16 = 32;
-    type Unpacked = UnpackedQ6K;
+    const WIDE: bool = true;
+    type Scales = ScalesQ6K;
 
     #[inline(always)]
-    unsafe fn unpack(&self) -> UnpackedQ6K {
-        let low = nibbles::<Whole>(self.ql.as_ptr());
+    unsafe fn vectors(&self, h: usize) -> [__m256i; 4] {
+        let low = nibbles::<Whole>(self.ql.as_ptr(), h);
+        let q = _mm256_loadu_si256(self.qh.as_ptr().add(32 * h) as *const _);
+        // Bits 4-5 of vector 4h + i are bits 2i.. of qh[32h..]: move them to 4-5.
+        let high = [
+            _mm256_slli_epi16(q, 4),
+            _mm256_slli_epi16(q, 2),
+            q,
+            _mm256_srli_epi16(q, 2),
+        ];
         let m30 = _mm256_set1_epi8(0x30);
-        let qh = [0, 32].map(|o| _mm256_loadu_si256(self.qh.as_ptr().add(o) as *const _));
-        // Bits 4-5 of vector z are bits 2(z % 4).. of qh[32 * (z / 4)..]: move them to 4-5.
-        let high = |z: usize| {
-            let q = qh[z / 4];
-            match z % 4 {
-                0 => _mm256_slli_epi16(q, 4),
-                1 => _mm256_slli_epi16(q, 2),
-                2 => q,
-                _ => _mm256_srli_epi16(q, 2),
-            }
-        };
-        let w = std::array::from_fn(|z| _mm256_or_si256(low[z], _mm256_and_si256(high(z), m30)));
+        std::array::from_fn(|i| _mm256_or_si256(low[i], _mm256_and_si256(high[i], m30)))
+    }
+
+    #[inline(always)]
+    unsafe fn scales(&self) -> ScalesQ6K {
         // Scales s0..s15 as 16-bit values; group 2l and 2l + 1 belong to lane l.
         let sc = _mm256_cvtepi8_epi16(_mm_loadu_si128(self.scales.as_ptr() as *const _));
         #[rustfmt::skip]
@@ -455,171 +509,184 @@ impl Block for PackedQ6K<NARROW> {
         );
         let odd = _mm256_add_epi8(even, _mm256_set1_epi8(2));
         // Lanes 0-3 need s0..s7 and lanes 4-7 s8..s15: the low and high 128 bits of `sc`.
-        UnpackedQ6K {
-            w,
-            first: _mm256_shuffle_epi8(sc, even),
-            second: _mm256_shuffle_epi8(sc, odd),
+        ScalesQ6K {
+            halves: [_mm256_shuffle_epi8(sc, even), _mm256_shuffle_epi8(sc, odd)],
             d: _mm256_set1_ps(super::layout::f16_to_f32(self.d)),
         }
     }
 
     #[inline(always)]
-    unsafe fn dot(u: &UnpackedQ6K, a: &ActBlock, acc: __m256) -> __m256 {
-        // Each half's products less the offset's are those of the true values (-32..=31),
-        // whose four vectors sum to at most 4 * 2 * 32 * 127 = 32,512 in magnitude: exact in
-        // 16 bits (wrapping on the way), then widened with the half's scales.
-        let half = |h: usize, s: __m256i| {
-            let sum = _mm256_sub_epi16(products(&u.w[4 * h..4 * h + 4], a, 4 * h), offsets(a, h));
-            _mm256_madd_epi16(sum, s)
-        };
-        let ints = _mm256_add_epi32(half(0, u.first), half(1, u.second));
-        let scale = _mm256_mul_ps(u.d, _mm256_broadcast_ss(&a.d));
+    unsafe fn half(w: &[__m256i; 4], s: &ScalesQ6K, a: &ActBlock, h: usize) -> __m256i {
+        // A half's products less the offset's are those of the true values (-32..=31), whose
+        // four vectors sum to at most 4 * 2 * 32 * 127 = 32,512 in magnitude: exact in 16
+        // bits (wrapping on the way), then widened with the half's scales.
+        let sum = _mm256_sub_epi16(products(w, a, 4 * h), offsets(a, h));
+        _mm256_madd_epi16(sum, s.halves[h])
+    }
+
+    #[inline(always)]
+    unsafe fn finish(s: &ScalesQ6K, ints: __m256i, a: &ActBlock, acc: __m256) -> __m256 {
+        let scale = _mm256_mul_ps(s.d, _mm256_broadcast_ss(&a.d));
         _mm256_fmadd_ps(_mm256_cvtepi32_ps(ints), scale, acc)
     }
 }
 
-/// A Q5_0 block stored from `qs`, `qh` and `d` with lanes `L`, in registers.
+/// Half `h` of a Q5_0 block stored from `qs` and `qh` with lanes `L`.
 ///
 /// # Safety
-/// The CPU must have AVX2 and F16C; the pointers are the block's fields.
+/// The CPU must have AVX2; the pointers are the block's fields; `h < 2`.
 #[inline(always)]
-unsafe fn unpack_q5_0<L: Lanes>(qs: *const u8, qh: *const u8, d: *const u16) -> Unpacked32 {
-    let low = nibbles::<L>(qs);
+unsafe fn q5_0_vectors<L: Lanes>(qs: *const u8, qh: *const u8, h: usize) -> [__m256i; 4] {
+    let low = nibbles::<L>(qs, h);
     let planes = L::vector(qh, 0);
     // Bit z of each byte to bit 4 (16-bit shifts: the mask drops what crosses bytes).
-    let high = |z: usize| match z {
-        0 => _mm256_slli_epi16(planes, 4),
-        1 => _mm256_slli_epi16(planes, 3),
-        2 => _mm256_slli_epi16(planes, 2),
-        3 => _mm256_slli_epi16(planes, 1),
-        4 => planes,
-        5 => _mm256_srli_epi16(planes, 1),
-        6 => _mm256_srli_epi16(planes, 2),
-        _ => _mm256_srli_epi16(planes, 3),
+    let high = match h {
+        0 => [
+            _mm256_slli_epi16(planes, 4),
+            _mm256_slli_epi16(planes, 3),
+            _mm256_slli_epi16(planes, 2),
+            _mm256_slli_epi16(planes, 1),
+        ],
+        _ => [
+            planes,
+            _mm256_srli_epi16(planes, 1),
+            _mm256_srli_epi16(planes, 2),
+            _mm256_srli_epi16(planes, 3),
+        ],
     };
     let bit4 = _mm256_set1_epi8(0x10);
-    Unpacked32 {
-        w: std::array::from_fn(|z| _mm256_or_si256(low[z], _mm256_and_si256(high(z), bit4))),
-        scale: L::scales(d),
-        min: _mm256_setzero_ps(),
-    }
+    std::array::from_fn(|i| _mm256_or_si256(low[i], _mm256_and_si256(high[i], bit4)))
 }
 
-/// Q5_0 and Q4_0: values stored plus 16 (or 8), whose true values are small enough for
-/// [`centered_products`].
+/// Half `h` of a Q8_0 block stored from `qs` with lanes `L`, as signed bytes.
 ///
 /// # Safety
-/// The CPU must have AVX2 and FMA.
+/// The CPU must have AVX2; `qs` is the block's field; `h < 2`.
 #[inline(always)]
-unsafe fn dot_centered32(u: &Unpacked32, a: &ActBlock, acc: __m256) -> __m256 {
-    let ints = _mm256_madd_epi16(centered_products(&u.w, a), _mm256_set1_epi16(1));
-    scaled32(u, ints, a, acc)
+unsafe fn q8_0_vectors<L: Lanes>(qs: *const u8, h: usize) -> [__m256i; 4] {
+    // Stored plus 128: flipping the top bit gives the signed value.
+    std::array::from_fn(|i| _mm256_xor_si256(L::vector(qs, 4 * h + i), _mm256_set1_epi8(-128)))
 }
 
-/// A Q8_0 block stored from `qs` and `d` with lanes `L`, in registers.
+/// Q8_0: |w| times the activation with w's sign, one vector at a time (|w| reaches 128),
+/// widened per vector.
 ///
 /// # Safety
-/// The CPU must have AVX2 and F16C; the pointers are the block's fields.
+/// The CPU must have AVX2; `h < 2`.
 #[inline(always)]
-unsafe fn unpack_q8_0<L: Lanes>(qs: *const u8, d: *const u16) -> Unpacked32 {
-    Unpacked32 {
-        // Stored plus 128: flipping the top bit gives the signed value.
-        w: std::array::from_fn(|z| _mm256_xor_si256(L::vector(qs, z), _mm256_set1_epi8(-128))),
-        scale: L::scales(d),
-        min: _mm256_setzero_ps(),
-    }
-}
-
-/// Q8_0: |w| times the activation with w's sign, one vector at a time (|w| reaches 128).
-///
-/// # Safety
-/// The CPU must have AVX2 and FMA.
-#[inline(always)]
-unsafe fn dot_q8_0(u: &Unpacked32, a: &ActBlock, acc: __m256) -> __m256 {
+unsafe fn q8_0_half(w: &[__m256i; 4], a: &ActBlock, h: usize) -> __m256i {
     let ones = _mm256_set1_epi16(1);
     let mut ints = _mm256_setzero_si256();
-    for (z, w) in u.w.iter().enumerate() {
-        let p = _mm256_maddubs_epi16(_mm256_abs_epi8(*w), _mm256_sign_epi8(act(a, z), *w));
+    for (i, w) in w.iter().enumerate() {
+        let p = _mm256_maddubs_epi16(_mm256_abs_epi8(*w), _mm256_sign_epi8(act(a, 4 * h + i), *w));
         ints = _mm256_add_epi32(ints, _mm256_madd_epi16(p, ones));
     }
-    scaled32(u, ints, a, acc)
+    ints
 }
 
-/// A Q4_0 block stored from `qs` and `d` with lanes `L`, in registers.
-///
-/// # Safety
-/// The CPU must have AVX2 and F16C; the pointers are the block's fields.
-#[inline(always)]
-unsafe fn unpack_q4_0<L: Lanes>(qs: *const u8, d: *const u16) -> Unpacked32 {
-    Unpacked32 {
-        w: nibbles::<L>(qs),
-        scale: L::scales(d),
-        min: _mm256_setzero_ps(),
-    }
-}
-
-/// A Q4_1 block stored from `qs`, `d` and `m` with lanes `L`, in registers.
-///
-/// # Safety
-/// The CPU must have AVX2 and F16C; the pointers are the block's fields.
-#[inline(always)]
-unsafe fn unpack_q4_1<L: Lanes>(qs: *const u8, d: *const u16, m: *const u16) -> Unpacked32 {
-    // value = d q + m: the min adds m per unit of activation sum.
-    Unpacked32 {
-        w: nibbles::<L>(qs),
-        scale: L::scales(d),
-        min: L::scales(m),
-    }
-}
-
-/// Q4_1: nibbles, all eight vectors summed in 16 bits, then the min.
+/// A per-32 format's sums (16-bit unless `WIDE`) widened and scaled, and with `MIN` (Q4_1)
+/// the min added.
 ///
 /// # Safety
 /// The CPU must have AVX2 and FMA.
 #[inline(always)]
-unsafe fn dot_q4_1(u: &Unpacked32, a: &ActBlock, acc: __m256) -> __m256 {
-    let ints = _mm256_madd_epi16(products(&u.w, a, 0), _mm256_set1_epi16(1));
-    let acc = scaled32(u, ints, a, acc);
-    _mm256_fmadd_ps(_mm256_load_ps(a.sums32.as_ptr()), u.min, acc)
+unsafe fn finish32<const WIDE: bool, const MIN: bool>(
+    s: &Scales32,
+    ints: __m256i,
+    a: &ActBlock,
+    acc: __m256,
+) -> __m256 {
+    let ints = match WIDE {
+        true => ints,
+        false => _mm256_madd_epi16(ints, _mm256_set1_epi16(1)),
+    };
+    let acc = scaled32(s, ints, a, acc);
+    match MIN {
+        true => _mm256_fmadd_ps(_mm256_load_ps(a.sums32.as_ptr()), s.min, acc),
+        false => acc,
+    }
 }
 
-/// [`Block`] for the per-32 formats, whole and half: `unpack` as given, `dot` the format's.
+/// [`Block`] for the per-32 formats, whole and half: their vectors, scales (`d`, and the
+/// min's `m` or none), the sum of a half's products, and whether it is 32-bit.
 macro_rules! per32_blocks {
-    ($($block:ty, offset $offset:literal: |$b:ident| $unpack:expr, $dot:ident;)*) => {$(
+    ($($block:ty, offset $offset:literal, $lanes:ty:
+        |$b:ident, $h:ident| $vectors:expr, $d:ident, $m:tt,
+        |$w:ident, $a:ident, $hh:ident| $half:expr, wide $wide:literal;)*) => {$(
         impl Block for $block {
             const PER32: bool = true;
             const OFFSET: i16 = $offset;
-            type Unpacked = Unpacked32;
+            const WIDE: bool = $wide;
+            type Scales = Scales32;
 
             #[inline(always)]
-            unsafe fn unpack(&self) -> Unpacked32 {
+            unsafe fn vectors(&self, $h: usize) -> [__m256i; 4] {
                 let $b = self;
-                $unpack
+                $vectors
             }
 
             #[inline(always)]
-            unsafe fn dot(u: &Unpacked32, a: &ActBlock, acc: __m256) -> __m256 {
-                $dot(u, a, acc)
+            unsafe fn scales(&self) -> Scales32 {
+                Scales32 {
+                    scale: <$lanes>::scales(self.$d.as_ptr()),
+                    min: per32_blocks!(@min self, $lanes, $m),
+                }
+            }
+
+            #[inline(always)]
+            unsafe fn half($w: &[__m256i; 4], _: &Scales32, $a: &ActBlock, $hh: usize) -> __m256i {
+                $half
+            }
+
+            #[inline(always)]
+            unsafe fn finish(s: &Scales32, ints: __m256i, a: &ActBlock, acc: __m256) -> __m256 {
+                finish32::<$wide, { per32_blocks!(@has_min $m) }>(s, ints, a, acc)
             }
         }
     )*};
+    // Q4_1's min per unit of activation sum (value = d q + m); the other formats have none.
+    (@min $self:ident, $lanes:ty, none) => { _mm256_setzero_ps() };
+    (@min $self:ident, $lanes:ty, $m:ident) => { <$lanes>::scales($self.$m.as_ptr()) };
+    (@has_min none) => { false };
+    (@has_min $m:ident) => { true };
 }
 
 per32_blocks! {
-    PackedQ5_0Planes, offset 16:
-        |b| unpack_q5_0::<Whole>(b.qs.as_ptr(), b.qh.as_ptr(), b.d.as_ptr()), dot_centered32;
-    HalfQ5_0Planes, offset 16:
-        |b| unpack_q5_0::<Low>(b.qs.as_ptr(), b.qh.as_ptr(), b.d.as_ptr()), dot_centered32;
-    PackedQ8_0<NARROW>, offset 0: |b| unpack_q8_0::<Whole>(b.qs.as_ptr(), b.d.as_ptr()), dot_q8_0;
-    HalfQ8_0, offset 0: |b| unpack_q8_0::<Low>(b.qs.as_ptr(), b.d.as_ptr()), dot_q8_0;
-    PackedQ4_0<NARROW>, offset 8:
-        |b| unpack_q4_0::<Whole>(b.qs.as_ptr(), b.d.as_ptr()), dot_centered32;
-    HalfQ4_0, offset 8: |b| unpack_q4_0::<Low>(b.qs.as_ptr(), b.d.as_ptr()), dot_centered32;
-    PackedQ4_1<NARROW>, offset 0:
-        |b| unpack_q4_1::<Whole>(b.qs.as_ptr(), b.d.as_ptr(), b.m.as_ptr()), dot_q4_1;
-    HalfQ4_1, offset 0:
-        |b| unpack_q4_1::<Low>(b.qs.as_ptr(), b.d.as_ptr(), b.m.as_ptr()), dot_q4_1;
+    PackedQ5_0Planes, offset 16, Whole:
+        |b, h| q5_0_vectors::<Whole>(b.qs.as_ptr(), b.qh.as_ptr(), h), d, none,
+        |w, a, h| centered(w, a, h), wide false;
+    HalfQ5_0Planes, offset 16, Low:
+        |b, h| q5_0_vectors::<Low>(b.qs.as_ptr(), b.qh.as_ptr(), h), d, none,
+        |w, a, h| centered(w, a, h), wide false;
+    PackedQ8_0<NARROW>, offset 0, Whole:
+        |b, h| q8_0_vectors::<Whole>(b.qs.as_ptr(), h), d, none,
+        |w, a, h| q8_0_half(w, a, h), wide true;
+    HalfQ8_0, offset 0, Low:
+        |b, h| q8_0_vectors::<Low>(b.qs.as_ptr(), h), d, none,
+        |w, a, h| q8_0_half(w, a, h), wide true;
+    PackedQ4_0<NARROW>, offset 8, Whole:
+        |b, h| nibbles::<Whole>(b.qs.as_ptr(), h), d, none,
+        |w, a, h| centered(w, a, h), wide false;
+    HalfQ4_0, offset 8, Low:
+        |b, h| nibbles::<Low>(b.qs.as_ptr(), h), d, none,
+        |w, a, h| centered(w, a, h), wide false;
+    PackedQ4_1<NARROW>, offset 0, Whole:
+        |b, h| nibbles::<Whole>(b.qs.as_ptr(), h), d, m,
+        |w, a, h| products(w, a, 4 * h), wide false;
+    HalfQ4_1, offset 0, Low:
+        |b, h| nibbles::<Low>(b.qs.as_ptr(), h), d, m,
+        |w, a, h| products(w, a, 4 * h), wide false;
 }
+
+/// Whether the build has AVX-512's 32 vector registers (an AVX-512 CPU with
+/// `target-cpu=native`): then a block's eight value vectors, the group's accumulators and
+/// sums all stay in registers, and each row takes both halves in turn; with AVX2's 16, the
+/// group's rows take the first half, then the second ([`Block`]), keeping four value
+/// vectors live instead of eight. Measured on an Intel Xeon (`kernel_timing`, the 1.5B's
+/// `gate` shape): an AVX2-only build (`target-cpu=x86-64-v3`) with all eight live spilled and
+/// was 3-9% slower per product at 8 and 16 rows; an AVX-512 build half by half was 4-7% slower
+/// at 4 rows.
+pub(super) const REGISTERS_32: bool = cfg!(target_feature = "avx512f");
 
 /// Activation rows per group: each weight block is unpacked once for all of them, with the
 /// group's accumulators in registers.
@@ -650,7 +717,7 @@ fn slab(m: usize, kb: usize) -> usize {
 /// # Safety
 /// The CPU must have AVX2, FMA and F16C. Slice lengths are checked.
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn tile<B: Block, H: Block<Unpacked = B::Unpacked>>(
+unsafe fn tile<B: Block, H: Block<Scales = B::Scales>, const HALF_BY_HALF: bool>(
     w: &Weights<B, H>,
     js: Range<usize>,
     acts: &[ActBlock],
@@ -670,21 +737,22 @@ unsafe fn tile<B: Block, H: Block<Unpacked = B::Unpacked>>(
         let acts = &acts[r * kb..(r + n) * kb];
         let js = js.clone();
         match n {
-            1 => group::<B, H, 1>(w, js, acts, kb, slab, r, out),
-            2 => group::<B, H, 2>(w, js, acts, kb, slab, r, out),
-            3 => group::<B, H, 3>(w, js, acts, kb, slab, r, out),
-            4 => group::<B, H, 4>(w, js, acts, kb, slab, r, out),
-            5 => group::<B, H, 5>(w, js, acts, kb, slab, r, out),
-            6 => group::<B, H, 6>(w, js, acts, kb, slab, r, out),
-            7 => group::<B, H, 7>(w, js, acts, kb, slab, r, out),
-            _ => group::<B, H, 8>(w, js, acts, kb, slab, r, out),
+            1 => group::<B, H, HALF_BY_HALF, 1>(w, js, acts, kb, slab, r, out),
+            2 => group::<B, H, HALF_BY_HALF, 2>(w, js, acts, kb, slab, r, out),
+            3 => group::<B, H, HALF_BY_HALF, 3>(w, js, acts, kb, slab, r, out),
+            4 => group::<B, H, HALF_BY_HALF, 4>(w, js, acts, kb, slab, r, out),
+            5 => group::<B, H, HALF_BY_HALF, 5>(w, js, acts, kb, slab, r, out),
+            6 => group::<B, H, HALF_BY_HALF, 6>(w, js, acts, kb, slab, r, out),
+            7 => group::<B, H, HALF_BY_HALF, 7>(w, js, acts, kb, slab, r, out),
+            _ => group::<B, H, HALF_BY_HALF, 8>(w, js, acts, kb, slab, r, out),
         }
         r += n;
     }
 }
 
 /// `R` activation rows (`acts`, `R * kb` blocks) against weight rows `js`, into columns
-/// `r0..r0 + R` of `out`: each weight block is unpacked once, then multiplied by each row's.
+/// `r0..r0 + R` of `out`: each weight block is unpacked once, then multiplied by each row's,
+/// half by half over the rows if `HALF_BY_HALF` ([`REGISTERS_32`]).
 /// Slab by slab of `slab` blocks, every weight row's accumulators go on from where the last
 /// slab left them.
 ///
@@ -693,7 +761,12 @@ unsafe fn tile<B: Block, H: Block<Unpacked = B::Unpacked>>(
 /// `kb` blocks each, `js` at most [`CHUNK`] rows (checked by the caller, [`tile`]);
 /// `slab > 0`.
 #[inline(always)]
-unsafe fn group<B: Block, H: Block<Unpacked = B::Unpacked>, const R: usize>(
+unsafe fn group<
+    B: Block,
+    H: Block<Scales = B::Scales>,
+    const HALF_BY_HALF: bool,
+    const R: usize,
+>(
     w: &Weights<B, H>,
     js: Range<usize>,
     acts: &[ActBlock],
@@ -709,9 +782,27 @@ unsafe fn group<B: Block, H: Block<Unpacked = B::Unpacked>, const R: usize>(
         for (j, accs) in js.clone().zip(accs.iter_mut()) {
             let mut acc = *accs;
             for b in s..e {
-                let u = unpack(w, j, b);
-                for (i, acc) in acc.iter_mut().enumerate() {
-                    *acc = B::dot(&u, &*a.add(i * kb + b), *acc);
+                let part = w.block(j, b);
+                let act = |i: usize| &*a.add(i * kb + b);
+                let sc = scales(&part);
+                let lo = vectors(&part, 0);
+                if HALF_BY_HALF {
+                    let mut ints: [__m256i; R] =
+                        std::array::from_fn(|i| B::half(&lo, &sc, act(i), 0));
+                    let hi = vectors(&part, 1);
+                    for (i, ints) in ints.iter_mut().enumerate() {
+                        *ints = both::<B>(*ints, B::half(&hi, &sc, act(i), 1));
+                    }
+                    for (i, acc) in acc.iter_mut().enumerate() {
+                        *acc = B::finish(&sc, ints[i], act(i), *acc);
+                    }
+                } else {
+                    let hi = vectors(&part, 1);
+                    for (i, acc) in acc.iter_mut().enumerate() {
+                        let ints =
+                            both::<B>(B::half(&lo, &sc, act(i), 0), B::half(&hi, &sc, act(i), 1));
+                        *acc = B::finish(&sc, ints, act(i), *acc);
+                    }
                 }
             }
             *accs = acc;

@@ -517,3 +517,58 @@ fn a_non_finite_activation_gives_non_finite_outputs() {
         case(Q4_1, k);
     }
 }
+
+/// The AVX2 kernels' two orders, half by half over a group's rows (AVX2-only builds) and
+/// whole row by row (builds with AVX-512's registers), give the same bits for every format,
+/// with and without short last blocks, at 1 to 19 activation rows: a build runs only one of
+/// them, so this is where the other is tested.
+#[test]
+#[cfg(target_arch = "x86_64")]
+fn the_avx2_orders_give_the_same_bits() {
+    if !Kernels::Avx2.runs_here() {
+        eprintln!("no AVX2 on this CPU: orders not tested");
+        return;
+    }
+    fn same<T: GgmlType>(pack: Pack<T>, k: usize) {
+        let (n, m) = (21, 19);
+        let w: Vec<T> = blocks(n * k / T::BLCK_SIZE, 12);
+        let packed = Packed::new(pack(&w), k, Kernels::Avx2);
+        let lhs = random(m * k, 13);
+        for rows in 1..=m {
+            let mkn = (rows, k, n);
+            let lhs = &lhs[..rows * k];
+            let out = |half_by_half: bool| {
+                let mut dst = vec![0f32; rows * n];
+                macro_rules! run {
+                    ($($variant:ident),*) => {
+                        match (&packed.blocks, half_by_half) {
+                            $(
+                                (Blocks::$variant(b), true) => avx2::matmul_in_order::<_, _, true>(
+                                    &b.blocks, &b.tails, mkn, lhs, &mut dst,
+                                ),
+                                (Blocks::$variant(b), false) => avx2::matmul_in_order::<_, _, false>(
+                                    &b.blocks, &b.tails, mkn, lhs, &mut dst,
+                                ),
+                            )*
+                            _ => unreachable!("not an AVX2 packing"),
+                        }
+                    };
+                }
+                // SAFETY: the CPU runs AVX2 (checked above); the kernels check the lengths.
+                unsafe { run!(Q4KNarrow, Q6KNarrow, Q5_0Planes, Q8_0Narrow, Q4_0, Q4_1) };
+                dst.iter().map(|v| v.to_bits()).collect::<Vec<u32>>()
+            };
+            let (a, b) = (out(true), out(false));
+            assert!(a == b, "{:?} k = {k}, {rows} rows", T::DTYPE);
+            assert!(a.iter().any(|&v| v != 0), "{:?}: all zero", T::DTYPE);
+        }
+    }
+    same(Q4K, 1536);
+    same(Q6K, 1536);
+    for k in [896, 2080] {
+        same(Q5_0, k);
+        same(Q8_0, k);
+        same(Q4_0, k);
+        same(Q4_1, k);
+    }
+}
