@@ -809,9 +809,44 @@ unsafe fn group<
         }
     }
     for (out, acc) in out.iter_mut().zip(&accs).take(js.len()) {
-        for (o, acc) in out[r0..r0 + R].iter_mut().zip(acc) {
-            let v: [f32; 8] = std::mem::transmute(*acc);
-            *o = ((v[0] + v[4]) + (v[1] + v[5])) + ((v[2] + v[6]) + (v[3] + v[7]));
+        if R >= ADD_ALL_FROM {
+            let all = std::array::from_fn(|i| acc.get(i).copied().unwrap_or(_mm256_setzero_ps()));
+            let sums: [f32; GROUP] = std::mem::transmute(add_lanes(&all));
+            out[r0..r0 + R].copy_from_slice(&sums[..R]);
+        } else {
+            for (o, acc) in out[r0..r0 + R].iter_mut().zip(acc) {
+                let v: [f32; 8] = std::mem::transmute(*acc);
+                *o = ((v[0] + v[4]) + (v[1] + v[5])) + ((v[2] + v[6]) + (v[3] + v[7]));
+            }
         }
     }
+}
+
+/// From how many rows [`group`] adds its accumulators' lanes all at once ([`add_lanes`]).
+const ADD_ALL_FROM: usize = 4;
+
+/// The lanes of each of 8 vectors added up: lane `r` of the result is the sum of `v[r]`'s,
+/// in a transposing tree (7 additions of whole vectors and their shuffles, about 3 operations
+/// a sum against 15 for one vector's lanes alone), as `((v0 + v4) + (v1 + v5)) + ((v2 + v6) +
+/// (v3 + v7))` for each, whatever the other vectors hold: the bits of [`group`]'s one-by-one
+/// sums (tested).
+///
+/// # Safety
+/// The CPU must have AVX.
+#[inline(always)]
+pub(super) unsafe fn add_lanes(v: &[__m256; GROUP]) -> __m256 {
+    // Taken in the order that leaves the sums in order (the tree puts the sum of its input t
+    // in lane [0, 4, 1, 5, 2, 6, 3, 7][t]).
+    let v = |t: usize| v[[0, 4, 1, 5, 2, 6, 3, 7][t]];
+    // Halves added: [a0+a4 .. a3+a7, b0+b4 .. b3+b7].
+    let h: [__m256; 4] = std::array::from_fn(|k| {
+        let (a, b) = (v(2 * k), v(2 * k + 1));
+        _mm256_add_ps(
+            _mm256_permute2f128_ps::<0x20>(a, b),
+            _mm256_permute2f128_ps::<0x31>(a, b),
+        )
+    });
+    // Adjacent pairs, twice.
+    let q = [_mm256_hadd_ps(h[0], h[1]), _mm256_hadd_ps(h[2], h[3])];
+    _mm256_hadd_ps(q[0], q[1])
 }

@@ -572,3 +572,73 @@ fn the_avx2_orders_give_the_same_bits() {
         same(Q4_1, k);
     }
 }
+
+/// Vectors of mixed magnitudes (2^-30..2^30, so that the order of additions shows) and
+/// signs, with zeros, infinities and NaNs in some lanes.
+fn accumulators<const L: usize>(count: usize, seed: u64) -> Vec<[f32; L]> {
+    let x = random(count * L, 40 + seed);
+    (0..count)
+        .map(|r| {
+            std::array::from_fn(|l| {
+                let i = L * r + l;
+                let e = ((x[(i * 7 + 3) % x.len()] * 30.0) as i32).clamp(-30, 30);
+                match (seed % 20, i % 53) {
+                    (1, 0) => f32::INFINITY,
+                    (2, 5) => f32::NEG_INFINITY,
+                    (3, 9) => f32::NAN,
+                    (4, _) if i.is_multiple_of(3) => 0.0,
+                    _ => x[i] * 2f32.powi(e),
+                }
+            })
+        })
+        .collect()
+}
+
+/// The same bits, NaN for NaN.
+fn same_sums(all: &[f32], each: &[f32], what: &str) -> usize {
+    for (r, (a, e)) in all.iter().zip(each).enumerate() {
+        let same = a.to_bits() == e.to_bits() || (a.is_nan() && e.is_nan());
+        assert!(same, "{what}, vector {r}: {a} against {e}");
+    }
+    all.iter().filter(|a| a.is_finite()).count()
+}
+
+/// Adding a group's accumulators' lanes all at once gives each the bits of adding its lanes
+/// alone (the kernels take one or the other by the number of rows, and a k-token verify must
+/// equal k one-token forwards): AVX-512's sixteen against `_mm512_reduce_add_ps`, AVX2's eight
+/// against the kernels' own order.
+#[test]
+#[cfg(target_arch = "x86_64")]
+fn adding_accumulators_at_once_matches_one_by_one() {
+    use std::arch::x86_64::*;
+    let mut cases = 0;
+    for seed in 0..200u64 {
+        if Kernels::Avx512.runs_here() {
+            let v = accumulators::<16>(16, seed);
+            // SAFETY: the CPU runs AVX-512 (checked); the arrays are 64 bytes each.
+            let (all, each) = unsafe {
+                let vs: [__m512; 16] = std::array::from_fn(|r| _mm512_loadu_ps(v[r].as_ptr()));
+                let all: [f32; 16] = std::mem::transmute(avx512::add_lanes(&vs));
+                (all, vs.map(|v| _mm512_reduce_add_ps(v)))
+            };
+            cases += same_sums(&all, &each, &format!("avx512, seed {seed}"));
+        }
+        if Kernels::Avx2.runs_here() {
+            let v = accumulators::<8>(8, seed);
+            // SAFETY: the CPU runs AVX2 (checked); the arrays are 32 bytes each.
+            let all: [f32; 8] = unsafe {
+                let vs: [__m256; 8] = std::array::from_fn(|r| _mm256_loadu_ps(v[r].as_ptr()));
+                std::mem::transmute(avx2::add_lanes(&vs))
+            };
+            let each: Vec<f32> = v
+                .iter()
+                .map(|v| ((v[0] + v[4]) + (v[1] + v[5])) + ((v[2] + v[6]) + (v[3] + v[7])))
+                .collect();
+            cases += same_sums(&all, &each, &format!("avx2, seed {seed}"));
+        }
+    }
+    if families().is_empty() {
+        return;
+    }
+    assert!(cases > 1000);
+}
