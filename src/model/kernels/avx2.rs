@@ -80,7 +80,8 @@ pub(super) unsafe fn matmul_in_order<B, H, const HALF_BY_HALF: bool>(
     assert!(w.holds(n, kb) && Some(lhs.len()) == m.checked_mul(k));
     let acts = ActBlock::quantize::<B>(lhs, m, k);
     let slab = slab(m, kb);
-    for_each_output(m, n, dst, |js, r0, rows, out| {
+    let row_bytes = kb * std::mem::size_of::<ActBlock>();
+    for_each_output((m, n), row_bytes, dst, |js, r0, rows, out| {
         // SAFETY: the caller guarantees the CPU features; `js` is within the `n` rows of `w`
         // (checked above) and rows `r0..r0 + rows` within the `m` quantized rows.
         unsafe { tile::<B, H, HALF_BY_HALF>(&w, js, &acts[r0 * kb..], kb, slab, rows, out) }

@@ -40,7 +40,8 @@ pub(super) unsafe fn matmul<B: Unpack + Sync, H: Unpack + Sync>(
     let w = Weights::new(w, tails, kb);
     assert!(w.holds(n, kb) && Some(lhs.len()) == m.checked_mul(k));
     let acts = ActBlock::quantize(lhs, m, k, B::OFFSET_LOG2);
-    for_each_output(m, n, dst, |js, r0, rows, out| {
+    let row_bytes = kb * std::mem::size_of::<ActBlock>();
+    for_each_output((m, n), row_bytes, dst, |js, r0, rows, out| {
         // SAFETY: the caller guarantees the CPU features; `js` is within the `n` rows of `w`
         // (checked above) and rows `r0..r0 + rows` within the `m` quantized rows.
         unsafe { packed_tile(&w, js, &acts[r0 * kb..], kb, rows, out) }
