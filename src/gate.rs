@@ -19,7 +19,7 @@
 //! a round drafts only what beats both decoding and what drafting has been doing lately. A
 //! drafter's forward pass is paid for before its token is seen, so it is weighed with the run
 //! of positions it may start and with the chance that its token comes out confident enough to
-//! be drafted at all ([`Gate::worth_drafting`]).
+//! be drafted at all (`Gate::worth_drafting`).
 //! Every input is known before the position's token is sampled and none comes from the
 //! reviewer's view of the current draft, so the review stays exact.
 //!
@@ -28,7 +28,7 @@
 //! It is an investment, made only if it costs at most [`INVEST_SHARE`] of the time the rest
 //! of the generation is expected to take, and at most what the drafter would save in that
 //! time if it were as right as a good draft model is ([`FRESH_ACCEPTANCE`];
-//! [`Gate::worth_catching_up`]): a long prompt with a short answer is then drafted by the free
+//! `Gate::worth_catching_up`): a long prompt with a short answer is then drafted by the free
 //! drafters alone, where reading the prompt would cost more than the draft model could save;
 //! and on a CPU where verifying a token costs so much that a good draft model cannot beat
 //! plain decoding, it never reads. How long the rest is expected to be
@@ -232,7 +232,7 @@ impl Adaptive {
     /// The generation has emitted `generated` tokens and may emit at most `remaining` more: a
     /// drafter's catch-up on the text must cost at most [`INVEST_SHARE`] of the time the
     /// [`expected_remaining`] tokens take. Without a horizon every catch-up is made that the
-    /// drafter could repay ([`Gate::worth_catching_up`]).
+    /// drafter could repay (`Gate::worth_catching_up`).
     pub fn set_horizon(&mut self, generated: usize, remaining: usize) {
         self.horizon = Some(expected_remaining(generated, remaining));
     }
