@@ -231,7 +231,7 @@ impl Default for MaxGramPolicy {
     }
 }
 
-/// The Max-Gram drafter: [`MaxGram`] proposals (or, with a [`History`](super::history::History), a longer match in
+/// The Max-Gram drafter: [`MaxGram`] proposals (or, with a [`History`](super::History), a longer match in
 /// earlier outputs), else the bigram table's most likely chain, as much as its
 /// [`MaxGramPolicy`] allows. Deterministic, so every token is reported with a point-mass
 /// distribution.

@@ -242,7 +242,7 @@ pub(super) trait Block {
     /// The block's scales in registers.
     type Scales: Copy;
 
-    /// Value vectors `4h..4h + 4` (unsigned bytes).
+    /// Value vectors `4h..4h + 4`, as [`Block::half`] multiplies them.
     ///
     /// # Safety
     /// The CPU must have AVX2; `h < 2`.

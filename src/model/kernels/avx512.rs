@@ -493,20 +493,35 @@ unsafe fn two_rows<B: Unpack, H: Unpack>(
 }
 
 /// The lanes of each of the first `rows` accumulators added up, into `out`: with many rows,
-/// all sixteen at once ([`add_lanes`]), else one by one; both take the same tree, so the
-/// same bits (tested).
+/// all sixteen at once ([`add_lanes`]), else one by one ([`add_one`]); both take the same
+/// tree, so the same bits (tested).
 ///
 /// # Safety
-/// The CPU must have AVX-512 F.
+/// The CPU must have AVX-512 F, BW and VNNI, and AVX2.
 #[inline(always)]
 unsafe fn add_each(acc: &[__m512; MAX_ROWS], rows: usize, out: &mut [f32; MAX_ROWS]) {
     if rows >= ADD_ALL_FROM {
         *out = std::mem::transmute::<__m512, [f32; MAX_ROWS]>(add_lanes(acc));
     } else {
         for (o, acc) in out[..rows].iter_mut().zip(&acc[..rows]) {
-            *o = _mm512_reduce_add_ps(*acc);
+            *o = add_one(*acc);
         }
     }
+}
+
+/// The sum of `v`'s lanes by halves, then quarters, then pairs: lanes l + (l + 8), then
+/// + (l + 4) + (l + 12), then (0 + 2) + (1 + 3) ([`add_lanes`] takes the same tree).
+///
+/// # Safety
+/// The CPU must have AVX-512 F, BW and VNNI, and AVX2.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2")]
+pub(super) unsafe fn add_one(v: __m512) -> f32 {
+    let high = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(v)));
+    let h = _mm256_add_ps(_mm512_castps512_ps256(v), high);
+    let q = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps::<1>(h));
+    let p = _mm_add_ps(q, _mm_movehl_ps(q, q));
+    _mm_cvtss_f32(_mm_add_ss(p, _mm_movehdup_ps(p)))
 }
 
 /// From how many rows [`add_each`] adds all sixteen accumulators' lanes at once.
@@ -515,11 +530,10 @@ const ADD_ALL_FROM: usize = 6;
 /// The lanes of each of 16 vectors added up: lane `r` of the result is the sum of `v[r]`'s,
 /// in a transposing tree (15 additions and 30 shuffles of whole vectors, about 3 operations a
 /// sum against 7 for one vector's lanes alone). Each lane's sum takes the tree of
-/// `_mm512_reduce_add_ps` (halves, then quarters, then pairs), whatever the other vectors
-/// hold.
+/// [`add_one`], whatever the other vectors hold.
 ///
 /// # Safety
-/// The CPU must have AVX-512 F.
+/// The CPU must have AVX-512 F, BW and VNNI, and AVX2.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2")]
 pub(super) unsafe fn add_lanes(v: &[__m512; 16]) -> __m512 {

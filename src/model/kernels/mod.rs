@@ -300,23 +300,36 @@ fn for_each_output(
     );
     let dst = Dst(dst.as_mut_ptr());
     let dst = &dst;
-    let pass = (PASS_BYTES / row_bytes.max(1)).next_multiple_of(MAX_ROWS);
-    for pass in (0..m).step_by(pass).map(|p| p..m.min(p + pass)) {
+    let rows = pass_rows(row_bytes);
+    for pass in (0..m).step_by(rows).map(|p| p..m.min(p + rows)) {
         candle_core::utils::barrier_pool().execute_chunked(n.div_ceil(CHUNK), |chunks| {
-            each_tile(pass.clone(), n, chunks, dst, &f)
+            // SAFETY: `pass` lies within 0..m, `dst` holds m * n values (asserted above), and
+            // each task gets its own chunks of weight rows.
+            unsafe { each_tile(pass.clone(), n, chunks, dst, &f) }
         });
     }
 }
 
-/// The activation bytes a pass over the weights takes (a prompt's rows are quantized at
-/// once; each pass multiplies as many of them as this by every weight row): about a third of
+/// Activation rows per pass for rows of `row_bytes`: as many whole tiles as fit in
+/// [`PASS_BYTES`], at least one.
+fn pass_rows(row_bytes: usize) -> usize {
+    (PASS_BYTES / row_bytes.max(1) / MAX_ROWS).max(1) * MAX_ROWS
+}
+
+/// The activation bytes a pass over the weights takes at most, unless one tile's rows take
+/// more (a prompt's rows are quantized at once; each pass multiplies as many of them as this
+/// by every weight row): about a third of
 /// a core's L2 cache, so that they stay there while the weights stream past. In one pass, the
 /// rows of a 733-token prompt (1.7 MB for the 1.5B's `gate`, 9.9 MB for its `down`) came from
 /// L3 for every 16 weight rows.
 const PASS_BYTES: usize = 512 << 10;
 
 /// [`for_each_output`]'s work for weight-row chunks `chunks` and activation rows `pass`.
-fn each_tile(
+///
+/// # Safety
+/// `dst` points to `m x n` values with `pass.end <= m`, and no other task writes the columns
+/// of `chunks`.
+unsafe fn each_tile(
     pass: Range<usize>,
     n: usize,
     chunks: Range<usize>,
@@ -331,8 +344,8 @@ fn each_tile(
             f(js.clone(), r0, rows, &mut out);
             for (j, col) in js.clone().zip(&out) {
                 for (r, &v) in col[..rows].iter().enumerate() {
-                    // SAFETY: r0 + r < pass.end <= m and j < n, so the index is below m * n <=
-                    // dst.len() (asserted by the caller); tasks own disjoint columns j.
+                    // SAFETY: r0 + r < pass.end <= m and j < n, so the index is below m * n,
+                    // within `dst`; the caller gives this task columns j alone.
                     unsafe { *dst.0.add((r0 + r) * n + j) = v };
                 }
             }

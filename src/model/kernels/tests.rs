@@ -605,7 +605,7 @@ fn same_sums(all: &[f32], each: &[f32], what: &str) -> usize {
 
 /// Adding a group's accumulators' lanes all at once gives each the bits of adding its lanes
 /// alone (the kernels take one or the other by the number of rows, and a k-token verify must
-/// equal k one-token forwards): AVX-512's sixteen against `_mm512_reduce_add_ps`, AVX2's eight
+/// equal k one-token forwards): AVX-512's sixteen against [`avx512::add_one`], AVX2's eight
 /// against the kernels' own order.
 #[test]
 #[cfg(target_arch = "x86_64")]
@@ -619,7 +619,7 @@ fn adding_accumulators_at_once_matches_one_by_one() {
             let (all, each) = unsafe {
                 let vs: [__m512; 16] = std::array::from_fn(|r| _mm512_loadu_ps(v[r].as_ptr()));
                 let all: [f32; 16] = std::mem::transmute(avx512::add_lanes(&vs));
-                (all, vs.map(|v| _mm512_reduce_add_ps(v)))
+                (all, vs.map(|v| avx512::add_one(v)))
             };
             cases += same_sums(&all, &each, &format!("avx512, seed {seed}"));
         }
@@ -641,4 +641,37 @@ fn adding_accumulators_at_once_matches_one_by_one() {
         return;
     }
     assert!(cases > 1000);
+}
+
+/// Every output of a matmul gets the value of its own (activation row, weight row), in tiles
+/// that start at whole tiles of rows, whatever the passes: several passes of one tile or more,
+/// rows longer than a pass, one pass, no rows.
+#[test]
+fn every_output_is_written_whatever_the_passes() {
+    for (m, n, row_bytes) in [
+        (0, 5, 100),
+        (1, 1, 1),
+        (37, 21, PASS_BYTES * 3),
+        (70, 33, PASS_BYTES / 20),
+        (150, 17, PASS_BYTES / 40),
+        (50, 40, 100),
+    ] {
+        let mut dst = vec![f32::NAN; m * n];
+        for_each_output((m, n), row_bytes, &mut dst, |js, r0, rows, out| {
+            assert!(r0 % MAX_ROWS == 0 && (1..=MAX_ROWS).contains(&rows) && js.len() <= CHUNK);
+            for (col, j) in out.iter_mut().zip(js) {
+                for (r, o) in col[..rows].iter_mut().enumerate() {
+                    *o = ((r0 + r) * 1000 + j) as f32;
+                }
+            }
+        });
+        for (i, v) in dst.iter().enumerate() {
+            let want = (i / n * 1000 + i % n) as f32;
+            assert_eq!(*v, want, "m {m}, n {n}, row_bytes {row_bytes}, output {i}");
+        }
+    }
+    // The cases above span several passes of one tile and of two.
+    assert_eq!(pass_rows(PASS_BYTES * 3), MAX_ROWS);
+    assert_eq!(pass_rows(PASS_BYTES / 20), MAX_ROWS);
+    assert_eq!(pass_rows(PASS_BYTES / 40), 2 * MAX_ROWS);
 }
