@@ -608,12 +608,21 @@ unsafe fn finish32<const WIDE: bool, const MIN: bool>(
     }
 }
 
-/// [`Block`] for the per-32 formats, whole and half: their vectors, scales (`d`, and the
-/// min's `m` or none), the sum of a half's products, and whether it is 32-bit.
+/// [`Block`] for the per-32 formats, each whole ([`Whole`]) and half-size ([`Low`]): the
+/// storage offset, the min's field (`m`, or `none`), whether a half's sum is 32-bit, the
+/// vectors of half `h` stored with lanes `L`, and the sum of a half's products.
 macro_rules! per32_blocks {
-    ($($block:ty, offset $offset:literal, $lanes:ty:
-        |$b:ident, $h:ident| $vectors:expr, $d:ident, $m:tt,
-        |$w:ident, $a:ident, $hh:ident| $half:expr, wide $wide:literal;)*) => {$(
+    ($($whole:ty, $low:ty: offset $offset:literal, min $m:tt, wide $wide:literal,
+        |$b:ident, $L:ident, $h:ident| $vectors:expr,
+        |$w:ident, $a:ident, $hh:ident| $half:expr;)*) => {$(
+        per32_blocks!(@impl $whole, Whole, $offset, $m, $wide,
+            |$b, $L, $h| $vectors, |$w, $a, $hh| $half);
+        per32_blocks!(@impl $low, Low, $offset, $m, $wide,
+            |$b, $L, $h| $vectors, |$w, $a, $hh| $half);
+    )*};
+    (@impl $block:ty, $lanes:ty, $offset:literal, $m:tt, $wide:literal,
+        |$b:ident, $L:ident, $h:ident| $vectors:expr,
+        |$w:ident, $a:ident, $hh:ident| $half:expr) => {
         impl Block for $block {
             const PER32: bool = true;
             const OFFSET: i16 = $offset;
@@ -622,6 +631,7 @@ macro_rules! per32_blocks {
 
             #[inline(always)]
             unsafe fn vectors(&self, $h: usize) -> [__m256i; 4] {
+                type $L = $lanes;
                 let $b = self;
                 $vectors
             }
@@ -629,7 +639,7 @@ macro_rules! per32_blocks {
             #[inline(always)]
             unsafe fn scales(&self) -> Scales32 {
                 Scales32 {
-                    scale: <$lanes>::scales(self.$d.as_ptr()),
+                    scale: <$lanes>::scales(self.d.as_ptr()),
                     min: per32_blocks!(@min self, $lanes, $m),
                 }
             }
@@ -644,7 +654,7 @@ macro_rules! per32_blocks {
                 finish32::<$wide, { per32_blocks!(@has_min $m) }>(s, ints, a, acc)
             }
         }
-    )*};
+    };
     // Q4_1's min per unit of activation sum (value = d q + m); the other formats have none.
     (@min $self:ident, $lanes:ty, none) => { _mm256_setzero_ps() };
     (@min $self:ident, $lanes:ty, $m:ident) => { <$lanes>::scales($self.$m.as_ptr()) };
@@ -653,30 +663,18 @@ macro_rules! per32_blocks {
 }
 
 per32_blocks! {
-    PackedQ5_0Planes, offset 16, Whole:
-        |b, h| q5_0_vectors::<Whole>(b.qs.as_ptr(), b.qh.as_ptr(), h), d, none,
-        |w, a, h| centered(w, a, h), wide false;
-    HalfQ5_0Planes, offset 16, Low:
-        |b, h| q5_0_vectors::<Low>(b.qs.as_ptr(), b.qh.as_ptr(), h), d, none,
-        |w, a, h| centered(w, a, h), wide false;
-    PackedQ8_0<NARROW>, offset 0, Whole:
-        |b, h| q8_0_vectors::<Whole>(b.qs.as_ptr(), h), d, none,
-        |w, a, h| q8_0_half(w, a, h), wide true;
-    HalfQ8_0, offset 0, Low:
-        |b, h| q8_0_vectors::<Low>(b.qs.as_ptr(), h), d, none,
-        |w, a, h| q8_0_half(w, a, h), wide true;
-    PackedQ4_0<NARROW>, offset 8, Whole:
-        |b, h| nibbles::<Whole>(b.qs.as_ptr(), h), d, none,
-        |w, a, h| centered(w, a, h), wide false;
-    HalfQ4_0, offset 8, Low:
-        |b, h| nibbles::<Low>(b.qs.as_ptr(), h), d, none,
-        |w, a, h| centered(w, a, h), wide false;
-    PackedQ4_1<NARROW>, offset 0, Whole:
-        |b, h| nibbles::<Whole>(b.qs.as_ptr(), h), d, m,
-        |w, a, h| products(w, a, 4 * h), wide false;
-    HalfQ4_1, offset 0, Low:
-        |b, h| nibbles::<Low>(b.qs.as_ptr(), h), d, m,
-        |w, a, h| products(w, a, 4 * h), wide false;
+    PackedQ5_0Planes, HalfQ5_0Planes: offset 16, min none, wide false,
+        |b, L, h| q5_0_vectors::<L>(b.qs.as_ptr(), b.qh.as_ptr(), h),
+        |w, a, h| centered(w, a, h);
+    PackedQ8_0<NARROW>, HalfQ8_0: offset 0, min none, wide true,
+        |b, L, h| q8_0_vectors::<L>(b.qs.as_ptr(), h),
+        |w, a, h| q8_0_half(w, a, h);
+    PackedQ4_0<NARROW>, HalfQ4_0: offset 8, min none, wide false,
+        |b, L, h| nibbles::<L>(b.qs.as_ptr(), h),
+        |w, a, h| centered(w, a, h);
+    PackedQ4_1<NARROW>, HalfQ4_1: offset 0, min m, wide false,
+        |b, L, h| nibbles::<L>(b.qs.as_ptr(), h),
+        |w, a, h| products(w, a, 4 * h);
 }
 
 /// Whether the build has AVX-512's 32 vector registers (an AVX-512 CPU with
@@ -816,21 +814,29 @@ unsafe fn group<
             out[r0..r0 + R].copy_from_slice(&sums[..R]);
         } else {
             for (o, acc) in out[r0..r0 + R].iter_mut().zip(acc) {
-                let v: [f32; 8] = std::mem::transmute(*acc);
-                *o = ((v[0] + v[4]) + (v[1] + v[5])) + ((v[2] + v[6]) + (v[3] + v[7]));
+                *o = add_one(*acc);
             }
         }
     }
 }
 
-/// From how many rows [`group`] adds its accumulators' lanes all at once ([`add_lanes`]).
+/// The sum of `v`'s lanes as `((v0 + v4) + (v1 + v5)) + ((v2 + v6) + (v3 + v7))`
+/// ([`add_lanes`] takes the same tree).
+#[inline(always)]
+pub(super) fn add_one(v: __m256) -> f32 {
+    // SAFETY: a vector of 8 f32s has the layout of the array.
+    let v: [f32; 8] = unsafe { std::mem::transmute(v) };
+    ((v[0] + v[4]) + (v[1] + v[5])) + ((v[2] + v[6]) + (v[3] + v[7]))
+}
+
+/// From how many rows [`group`] adds its accumulators' lanes all at once ([`add_lanes`])
+/// rather than one by one ([`add_one`]): the same bits either way.
 const ADD_ALL_FROM: usize = 4;
 
 /// The lanes of each of 8 vectors added up: lane `r` of the result is the sum of `v[r]`'s,
 /// in a transposing tree (7 additions of whole vectors and their shuffles, about 3 operations
-/// a sum against 15 for one vector's lanes alone), as `((v0 + v4) + (v1 + v5)) + ((v2 + v6) +
-/// (v3 + v7))` for each, whatever the other vectors hold: the bits of [`group`]'s one-by-one
-/// sums (tested).
+/// a sum against 15 for one vector's lanes alone), each lane by the tree of [`add_one`],
+/// whatever the other vectors hold (tested).
 ///
 /// # Safety
 /// The CPU must have AVX.

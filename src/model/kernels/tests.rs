@@ -606,7 +606,7 @@ fn same_sums(all: &[f32], each: &[f32], what: &str) -> usize {
 /// Adding a group's accumulators' lanes all at once gives each the bits of adding its lanes
 /// alone (the kernels take one or the other by the number of rows, and a k-token verify must
 /// equal k one-token forwards): AVX-512's sixteen against [`avx512::add_one`], AVX2's eight
-/// against the kernels' own order.
+/// against [`avx2::add_one`].
 #[test]
 #[cfg(target_arch = "x86_64")]
 fn adding_accumulators_at_once_matches_one_by_one() {
@@ -630,9 +630,10 @@ fn adding_accumulators_at_once_matches_one_by_one() {
                 let vs: [__m256; 8] = std::array::from_fn(|r| _mm256_loadu_ps(v[r].as_ptr()));
                 std::mem::transmute(avx2::add_lanes(&vs))
             };
+            // SAFETY: as above.
             let each: Vec<f32> = v
                 .iter()
-                .map(|v| ((v[0] + v[4]) + (v[1] + v[5])) + ((v[2] + v[6]) + (v[3] + v[7])))
+                .map(|v| avx2::add_one(unsafe { _mm256_loadu_ps(v.as_ptr()) }))
                 .collect();
             cases += same_sums(&all, &each, &format!("avx2, seed {seed}"));
         }
