@@ -92,7 +92,7 @@ fn generate_json_carries_ids_text_and_counters_for_each_sample() {
     }
 }
 
-/// Every kernel family this CPU runs (`CASCADE_KERNELS`: AVX-512, AVX2, and candle's
+/// Every kernel family this CPU runs (`CASCADE_KERNELS`: AVX-512, AVX-VNNI, AVX2, and candle's
 /// `vec_dot` as `portable`) gives the same greedy tokens from both real Qwen models. The
 /// families round differently (candle quantizes activations with another scale and rounding;
 /// AVX-512 and AVX2 sum floats in another order), so logits differ by up to ~0.25 and a
@@ -202,7 +202,7 @@ fn an_unrunnable_kernel_family_is_a_clear_error() {
     assert!(!ok);
     assert!(
         err.contains(
-            "CASCADE_KERNELS: unknown kernel family `sse9` (known: avx512, avx2, portable)"
+            "CASCADE_KERNELS: unknown kernel family `sse9` (known: avx512, avxvnni, avx2, portable)"
         ),
         "{err}"
     );

@@ -23,6 +23,15 @@
 //! keeps all eight and takes the rows one by one ([`REGISTERS_32`]). Each (weight row,
 //! activation row) pair goes through the same operations whatever the number of rows and in
 //! either order, so a k-row product equals k one-row products bit for bit.
+//!
+//! CPUs with AVX-VNNI (Intel's 12th generation and later) run the same layout with
+//! `vpdpbusd`, which multiplies, adds and widens in one instruction: the [`AvxVnni`] family.
+//! Each half's products then go straight into 32-bit lanes, starting from the storage offset's
+//! share taken off ([`ActBlock::offsets`]); integer sub-block scales are multiplied in 32 bits.
+//! The integer sums are the same exact integers, and the float steps are shared, so both
+//! families give the same bits (tested).
+//!
+//! [`AvxVnni`]: super::Kernels::AvxVnni
 
 use super::layout::{
     HalfQ4_0, HalfQ4_1, HalfQ5_0Planes, HalfQ8_0, PackedQ4K, PackedQ4_0, PackedQ4_1,
@@ -39,13 +48,19 @@ pub(super) fn supported() -> bool {
         && is_x86_feature_detected!("f16c")
 }
 
+/// True if this CPU also has AVX-VNNI (`vpdpbusd` on 32-byte vectors, VEX-encoded).
+pub(super) fn supported_vnni() -> bool {
+    supported() && is_x86_feature_detected!("avxvnni")
+}
+
 /// `dst[m x n] = lhs[m x k] x Wᵀ` for `n` weight rows of `k.div_ceil(256)` blocks each: all
 /// in `w`, or (if `tails` is not empty) all but the last in `w` and the last, in half size,
-/// in `tails` (`Rows` in the layout module).
+/// in `tails` (`Rows` in the layout module); with `VNNI`, products by `vpdpbusd`.
 ///
 /// # Safety
-/// The CPU must have AVX2, FMA and F16C ([`supported`]). Slice lengths are checked.
-pub(super) unsafe fn matmul<B, H>(
+/// The CPU must have AVX2, FMA and F16C ([`supported`]), and with `VNNI` AVX-VNNI
+/// ([`supported_vnni`]). Slice lengths are checked.
+pub(super) unsafe fn matmul<B, H, const VNNI: bool>(
     w: &[B],
     tails: &[H],
     mkn: (usize, usize, usize),
@@ -55,7 +70,7 @@ pub(super) unsafe fn matmul<B, H>(
     B: Block + Sync,
     H: Block<Scales = B::Scales> + Sync,
 {
-    matmul_in_order::<B, H, { !REGISTERS_32 }>(w, tails, mkn, lhs, dst)
+    matmul_in_order::<B, H, { !REGISTERS_32 }, VNNI>(w, tails, mkn, lhs, dst)
 }
 
 /// [`matmul`], taking each block half by half over a group's rows if `HALF_BY_HALF`, else
@@ -64,7 +79,7 @@ pub(super) unsafe fn matmul<B, H>(
 ///
 /// # Safety
 /// As [`matmul`].
-pub(super) unsafe fn matmul_in_order<B, H, const HALF_BY_HALF: bool>(
+pub(super) unsafe fn matmul_in_order<B, H, const HALF_BY_HALF: bool, const VNNI: bool>(
     w: &[B],
     tails: &[H],
     (m, k, n): (usize, usize, usize),
@@ -74,31 +89,31 @@ pub(super) unsafe fn matmul_in_order<B, H, const HALF_BY_HALF: bool>(
     B: Block + Sync,
     H: Block<Scales = B::Scales> + Sync,
 {
-    const { assert!(B::PER32 == H::PER32 && B::OFFSET == H::OFFSET && B::WIDE == H::WIDE) };
+    const {
+        assert!(
+            B::PER32 == H::PER32
+                && B::OFFSET == H::OFFSET
+                && B::VNNI_OFFSET == H::VNNI_OFFSET
+                && B::WIDE == H::WIDE
+        )
+    };
     let kb = k.div_ceil(QK);
     let w = Weights::new(w, tails, kb);
     assert!(w.holds(n, kb) && Some(lhs.len()) == m.checked_mul(k));
-    let acts = ActBlock::quantize::<B>(lhs, m, k);
+    let acts = ActBlock::quantize::<B>(lhs, m, k, VNNI);
     let slab = slab(m, kb);
     let row_bytes = kb * std::mem::size_of::<ActBlock>();
     for_each_output((m, n), row_bytes, dst, |js, r0, rows, out| {
+        let acts = &acts[r0 * kb..];
         // SAFETY: the caller guarantees the CPU features; `js` is within the `n` rows of `w`
         // (checked above) and rows `r0..r0 + rows` within the `m` quantized rows.
-        unsafe { tile::<B, H, HALF_BY_HALF>(&w, js, &acts[r0 * kb..], kb, slab, rows, out) }
+        unsafe {
+            match VNNI {
+                true => tile_vnni::<B, H, HALF_BY_HALF>(&w, js, acts, kb, slab, rows, out),
+                false => tile::<B, H, HALF_BY_HALF>(&w, js, acts, kb, slab, rows, out),
+            }
+        }
     });
-}
-
-/// Half `h` of a block's value vectors, whole or half-size (which reads as its whole block's
-/// registers: `per32_blocks!`).
-///
-/// # Safety
-/// The CPU must have AVX2 and F16C; `h < 2`.
-#[inline(always)]
-unsafe fn vectors<B: Block, H: Block>(part: &Part<B, H>, h: usize) -> [__m256i; 4] {
-    match part {
-        Part::Whole(x) => x.vectors(h),
-        Part::Half(x) => x.vectors(h),
-    }
 }
 
 /// A block's scales, whole or half-size.
@@ -124,16 +139,36 @@ unsafe fn scales<B: Block, H: Block<Scales = B::Scales>>(part: &Part<B, H>) -> B
 #[repr(C, align(32))]
 pub(super) struct ActBlock {
     qs: [i8; QK],
-    /// For vectors 0-3 and 4-7: the weights' storage offset ([`Block::OFFSET`]) times the
-    /// activation pair under each 16-bit product of `vpmaddubsw`, summed over the four
-    /// vectors. Subtracted from the summed products, it leaves the products of the weights'
-    /// true (signed) values, which are small enough for four (Q6_K) or eight vectors (Q5_0,
-    /// Q4_0) to add up in 16 bits before one widening, with no separate term for the offset.
-    offsets: [[i16; 16]; 2],
+    /// For vectors 0-3 and 4-7 (the halves), the weights' storage offset's share of their
+    /// products, as the kernels take it off:
+    /// - AVX2: [`Block::OFFSET`] times the activation pair under each 16-bit product of
+    ///   `vpmaddubsw`, summed over the four vectors. Subtracted from the summed products, it
+    ///   leaves the products of the weights' true (signed) values, which are small enough for
+    ///   four (Q6_K) or eight vectors (Q5_0, Q4_0) to add up in 16 bits before one widening,
+    ///   with no separate term for the offset.
+    /// - AVX-VNNI: minus [`Block::VNNI_OFFSET`] times the sum of each 32-bit lane's activations,
+    ///   where a half's chain of `vpdpbusd` starts, so that it ends on the true values' sums.
+    offsets: [HalfOffsets; 2],
     sums32: [f32; 8],
     /// The scale of each 32 values (all `d` with one scale per block).
     d32: [f32; 8],
     d: f32,
+}
+
+/// A half's offsets ([`ActBlock::offsets`]): per 16-bit product (AVX2) or per 32-bit lane
+/// (AVX-VNNI). The kernels load them as a vector; only the quantization reads the fields.
+#[derive(Clone, Copy)]
+#[repr(C)]
+union HalfOffsets {
+    pairs: [i16; 16],
+    lanes: [i32; 8],
+}
+
+/// The storage offset a quantization takes off, and in which form ([`ActBlock::offsets`]).
+#[derive(Clone, Copy)]
+enum Offset {
+    Pairs(i16),
+    Lanes(i32),
 }
 
 impl ActBlock {
@@ -144,7 +179,7 @@ impl ActBlock {
     fn non_finite() -> ActBlock {
         ActBlock {
             qs: [0; QK],
-            offsets: [[0; 16]; 2],
+            offsets: [HalfOffsets { lanes: [0; 8] }; 2],
             sums32: [f32::NAN; 8],
             d32: [f32::NAN; 8],
             d: f32::NAN,
@@ -153,18 +188,23 @@ impl ActBlock {
 
     /// Quantizes `m` rows of `k` values, block by block (a row's last block padded with zeros,
     /// as the weights are), for weights of format `B`: one scale per 32 values if
-    /// [`Block::PER32`], else one per block.
+    /// [`Block::PER32`], else one per block; with the offsets as the AVX-VNNI kernels take
+    /// them if `vnni`.
     ///
     /// # Safety
     /// The CPU must have AVX2.
-    unsafe fn quantize<B: Block>(lhs: &[f32], m: usize, k: usize) -> Vec<ActBlock> {
+    unsafe fn quantize<B: Block>(lhs: &[f32], m: usize, k: usize, vnni: bool) -> Vec<ActBlock> {
+        let offset = match vnni {
+            true => Offset::Lanes(B::VNNI_OFFSET),
+            false => Offset::Pairs(B::OFFSET),
+        };
         let mut out = Vec::with_capacity(m * k.div_ceil(QK));
         for row in lhs.chunks_exact(k) {
             for x in row.chunks(QK) {
                 let mut padded = [0f32; QK];
                 padded[..x.len()].copy_from_slice(x);
                 // SAFETY: the caller guarantees the CPU features.
-                out.push(unsafe { Self::quantize_block(&padded, B::PER32, B::OFFSET) });
+                out.push(unsafe { Self::quantize_block(&padded, B::PER32, offset) });
             }
         }
         out
@@ -173,7 +213,7 @@ impl ActBlock {
     /// # Safety
     /// The CPU must have AVX2.
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn quantize_block(x: &[f32; QK], per32: bool, offset: i16) -> ActBlock {
+    unsafe fn quantize_block(x: &[f32; QK], per32: bool, offset: Offset) -> ActBlock {
         let p = x.as_ptr();
         let sign = _mm256_set1_ps(-0.0);
         let mut nan = _mm256_setzero_ps();
@@ -196,7 +236,7 @@ impl ActBlock {
         let d32 = amax32.map(|a| a / 127.0);
         let mut block = ActBlock {
             qs: [0; QK],
-            offsets: [[0; 16]; 2],
+            offsets: [HalfOffsets { lanes: [0; 8] }; 2],
             sums32: [0.0; 8],
             d32,
             d: amax / 127.0,
@@ -217,11 +257,16 @@ impl ActBlock {
             let q: [i32; 32] = std::mem::transmute(q);
             for (z, four) in q.chunks_exact(4).enumerate() {
                 *lanes.add(8 * z + l) = std::array::from_fn(|i| four[i] as i8);
-                // The pairs (0, 1) and (2, 3) of the four are the 16-bit products 2l and
-                // 2l + 1 of vector z, which is in half z / 4.
-                let pairs = &mut block.offsets[z / 4][2 * l..2 * l + 2];
-                pairs[0] += offset * (four[0] + four[1]) as i16;
-                pairs[1] += offset * (four[2] + four[3]) as i16;
+                // Vector z is in half z / 4. Its four values are lane l's, and the pairs
+                // (0, 1) and (2, 3) of them its 16-bit products 2l and 2l + 1.
+                let half = &mut block.offsets[z / 4];
+                match offset {
+                    Offset::Pairs(o) => {
+                        half.pairs[2 * l] += o * (four[0] + four[1]) as i16;
+                        half.pairs[2 * l + 1] += o * (four[2] + four[3]) as i16;
+                    }
+                    Offset::Lanes(o) => half.lanes[l] -= o * four.iter().sum::<i32>(),
+                }
             }
             block.sums32[l] = q.iter().sum::<i32>() as f32 * d32[l];
         }
@@ -234,9 +279,11 @@ impl ActBlock {
 pub(super) trait Block {
     /// One weight scale per 32 values: activations take one per 32 too ([`ActBlock`]).
     const PER32: bool = false;
-    /// What the values are stored plus, if the kernel takes it off in 16 bits with
+    /// What the values are stored plus, if the AVX2 kernel takes it off in 16 bits with
     /// [`ActBlock::offsets`] (0 otherwise).
     const OFFSET: i16 = 0;
+    /// What the values are stored plus, as [`Block::stored`] gives them to `vpdpbusd`.
+    const VNNI_OFFSET: i32 = Self::OFFSET as i32;
     /// Whether [`Block::half`] sums into 32-bit lanes (widened per half) rather than 16-bit.
     const WIDE: bool = false;
     /// The block's scales in registers.
@@ -247,6 +294,16 @@ pub(super) trait Block {
     /// # Safety
     /// The CPU must have AVX2; `h < 2`.
     unsafe fn vectors(&self, h: usize) -> [__m256i; 4];
+
+    /// Value vectors `4h..4h + 4` as unsigned bytes, for `vpdpbusd` ([`Block::vectors`]
+    /// unless those are signed).
+    ///
+    /// # Safety
+    /// The CPU must have AVX2; `h < 2`.
+    #[inline(always)]
+    unsafe fn stored(&self, h: usize) -> [__m256i; 4] {
+        self.vectors(h)
+    }
 
     /// # Safety
     /// The CPU must have AVX2 and F16C.
@@ -259,26 +316,133 @@ pub(super) trait Block {
     /// The CPU must have AVX2; `h < 2`.
     unsafe fn half(w: &[__m256i; 4], s: &Self::Scales, a: &ActBlock, h: usize) -> __m256i;
 
-    /// `acc` plus the block's products with `a` from the sum of both halves, per lane (the
+    /// [`Block::half`] with `vpdpbusd` on [`Block::stored`] vectors: in 32 bits, the products
+    /// of the true values, times any integer scale of the half alone.
+    ///
+    /// # Safety
+    /// The CPU must have AVX2 and AVX-VNNI; `h < 2`; `a` quantized for AVX-VNNI.
+    #[inline(always)]
+    unsafe fn half_vnni(w: &[__m256i; 4], _: &Self::Scales, a: &ActBlock, h: usize) -> __m256i {
+        dots::<Self>(w, a, h)
+    }
+
+    /// Both halves' sums of [`Block::half_vnni`] as one, for [`Block::scaled_vnni`].
+    ///
+    /// # Safety
+    /// The CPU must have AVX2.
+    #[inline(always)]
+    unsafe fn both_vnni(_: &Self::Scales, lo: __m256i, hi: __m256i) -> __m256i {
+        _mm256_add_epi32(lo, hi)
+    }
+
+    /// Both halves' sums (as [`both`] adds them) widened to 32 bits with any integer scale.
+    ///
+    /// # Safety
+    /// The CPU must have AVX2.
+    unsafe fn widen(s: &Self::Scales, ints: __m256i) -> __m256i;
+
+    /// `acc` plus the block's products with `a` from its widened integer sums, per lane (the
     /// caller sums the lanes).
     ///
     /// # Safety
     /// The CPU must have AVX2 and FMA.
-    unsafe fn finish(s: &Self::Scales, ints: __m256i, a: &ActBlock, acc: __m256) -> __m256;
+    unsafe fn scaled(s: &Self::Scales, ints: __m256i, a: &ActBlock, acc: __m256) -> __m256;
+
+    /// [`Block::scaled`] from the 32-bit sums of [`Block::half_vnni`], with the same result:
+    /// what [`Block::widen`] would multiply in is applied exactly on the way.
+    ///
+    /// # Safety
+    /// The CPU must have AVX2 and FMA.
+    #[inline(always)]
+    unsafe fn scaled_vnni(s: &Self::Scales, ints: __m256i, a: &ActBlock, acc: __m256) -> __m256 {
+        Self::scaled(s, ints, a, acc)
+    }
+}
+
+/// Half `h` of a block's value vectors, whole or half-size (which reads as its whole block's
+/// registers: `per32_blocks!`): as [`Block::half`] multiplies them, or with `VNNI`, as
+/// [`Block::half_vnni`] does.
+///
+/// # Safety
+/// The CPU must have AVX2 and F16C; `h < 2`.
+#[inline(always)]
+unsafe fn vectors<B: Block, H: Block, const VNNI: bool>(
+    part: &Part<B, H>,
+    h: usize,
+) -> [__m256i; 4] {
+    match (part, VNNI) {
+        (Part::Whole(x), false) => x.vectors(h),
+        (Part::Half(x), false) => x.vectors(h),
+        (Part::Whole(x), true) => x.stored(h),
+        (Part::Half(x), true) => x.stored(h),
+    }
+}
+
+/// [`Block::half`], or with `VNNI` [`Block::half_vnni`].
+///
+/// # Safety
+/// As those; with `VNNI`, the CPU must have AVX-VNNI.
+#[inline(always)]
+unsafe fn half<B: Block, const VNNI: bool>(
+    w: &[__m256i; 4],
+    s: &B::Scales,
+    a: &ActBlock,
+    h: usize,
+) -> __m256i {
+    match VNNI {
+        true => B::half_vnni(w, s, a, h),
+        false => B::half(w, s, a, h),
+    }
 }
 
 /// Both halves' sums of a format `B` as one (exact: the formats' bounds keep the total in
-/// range, and wrapping on the way does not change it).
+/// range, and wrapping on the way does not change it); with `VNNI`, [`Block::both_vnni`].
 ///
 /// # Safety
 /// The CPU must have AVX2.
 #[inline(always)]
-unsafe fn both<B: Block>(lo: __m256i, hi: __m256i) -> __m256i {
-    if B::WIDE {
+unsafe fn both<B: Block, const VNNI: bool>(s: &B::Scales, lo: __m256i, hi: __m256i) -> __m256i {
+    if VNNI {
+        B::both_vnni(s, lo, hi)
+    } else if B::WIDE {
         _mm256_add_epi32(lo, hi)
     } else {
         _mm256_add_epi16(lo, hi)
     }
+}
+
+/// `acc` plus the block's products with `a` from the sum of both halves ([`both`]), per lane.
+///
+/// # Safety
+/// The CPU must have AVX2 and FMA.
+#[inline(always)]
+unsafe fn finish<B: Block, const VNNI: bool>(
+    s: &B::Scales,
+    ints: __m256i,
+    a: &ActBlock,
+    acc: __m256,
+) -> __m256 {
+    match VNNI {
+        true => B::scaled_vnni(s, ints, a, acc),
+        false => B::scaled(s, B::widen(s, ints), a, acc),
+    }
+}
+
+/// The 32-bit products of half `h`'s stored vectors `w` with `a`'s by `vpdpbusd`, from the
+/// storage offset's share taken off ([`ActBlock::offsets`]): the true values' products, exact.
+///
+/// # Safety
+/// The CPU must have AVX2 and AVX-VNNI; `h < 2`; `a` quantized for AVX-VNNI.
+#[inline(always)]
+unsafe fn dots<B: Block + ?Sized>(w: &[__m256i; 4], a: &ActBlock, h: usize) -> __m256i {
+    let mut sum = match B::VNNI_OFFSET {
+        0 => _mm256_setzero_si256(),
+        _ => offsets(a, h),
+    };
+    for (i, w) in w.iter().enumerate() {
+        sum = _mm256_dpbusd_avx_epi32(sum, *w, act(a, 4 * h + i));
+    }
+    sum
 }
 
 /// Vector `z` of an activation block.
@@ -426,11 +590,12 @@ unsafe fn offsets(a: &ActBlock, half: usize) -> __m256i {
     _mm256_load_si256(a.offsets.as_ptr().add(half) as *const _)
 }
 
-/// The scales of a Q4_K block: the integer scale per lane (twice, for `vpmaddwd`), `d`, and
-/// the min times `dmin` per lane.
+/// The scales of a Q4_K block: the integer scale per lane (twice, for `vpmaddwd`, and as a
+/// float), `d`, and the min times `dmin` per lane.
 #[derive(Clone, Copy)]
 pub(super) struct ScalesQ4K {
     scales: __m256i,
+    lanes: __m256,
     d: __m256,
     offset: __m256,
 }
@@ -451,6 +616,7 @@ impl Block for PackedQ4K<NARROW> {
         let mins = _mm256_cvtepi32_ps(byte_lanes(&self.mins, false));
         ScalesQ4K {
             scales: byte_lanes(&self.scales, true),
+            lanes: _mm256_cvtepi32_ps(byte_lanes(&self.scales, false)),
             d: _mm256_broadcastss_ps(dd),
             offset: _mm256_mul_ps(_mm256_broadcastss_ps(_mm_movehdup_ps(dd)), mins),
         }
@@ -462,20 +628,42 @@ impl Block for PackedQ4K<NARROW> {
     }
 
     #[inline(always)]
-    unsafe fn finish(s: &ScalesQ4K, ints: __m256i, a: &ActBlock, acc: __m256) -> __m256 {
-        let ints = _mm256_madd_epi16(ints, s.scales);
-        let scale = _mm256_mul_ps(s.d, _mm256_broadcast_ss(&a.d));
+    unsafe fn widen(s: &ScalesQ4K, ints: __m256i) -> __m256i {
+        _mm256_madd_epi16(ints, s.scales)
+    }
+
+    #[inline(always)]
+    unsafe fn scaled(s: &ScalesQ4K, ints: __m256i, a: &ActBlock, acc: __m256) -> __m256 {
         // Lane sums stay below 2^24, so the conversion is exact.
-        let acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ints), scale, acc);
-        _mm256_fnmadd_ps(_mm256_load_ps(a.sums32.as_ptr()), s.offset, acc)
+        q4k_scaled(s, _mm256_cvtepi32_ps(ints), a, acc)
+    }
+
+    #[inline(always)]
+    unsafe fn scaled_vnni(s: &ScalesQ4K, ints: __m256i, a: &ActBlock, acc: __m256) -> __m256 {
+        // The integer scale in floats: a product of integers below 2^24 (at most
+        // 32 * 15 * 127 * 63), so exactly what `widen` gives, in one instruction where a
+        // 32-bit integer multiply takes two and ten cycles.
+        q4k_scaled(s, _mm256_mul_ps(_mm256_cvtepi32_ps(ints), s.lanes), a, acc)
     }
 }
 
+/// `acc` plus a Q4_K block's products with `a` from its scaled integer sums as floats.
+///
+/// # Safety
+/// The CPU must have AVX2 and FMA.
+#[inline(always)]
+unsafe fn q4k_scaled(s: &ScalesQ4K, sums: __m256, a: &ActBlock, acc: __m256) -> __m256 {
+    let scale = _mm256_mul_ps(s.d, _mm256_broadcast_ss(&a.d));
+    let acc = _mm256_fmadd_ps(sums, scale, acc);
+    _mm256_fnmadd_ps(_mm256_load_ps(a.sums32.as_ptr()), s.offset, acc)
+}
+
 /// The scales of a Q6_K block: the integer scales of each lane's first and second 16 values
-/// (twice per lane, for `vpmaddwd`) and `d`.
+/// (twice per lane, for `vpmaddwd`, and as floats) and `d`.
 #[derive(Clone, Copy)]
 pub(super) struct ScalesQ6K {
     halves: [__m256i; 2],
+    lanes: [__m256; 2],
     d: __m256,
 }
 
@@ -510,8 +698,11 @@ impl Block for PackedQ6K<NARROW> {
         );
         let odd = _mm256_add_epi8(even, _mm256_set1_epi8(2));
         // Lanes 0-3 need s0..s7 and lanes 4-7 s8..s15: the low and high 128 bits of `sc`.
+        let halves = [_mm256_shuffle_epi8(sc, even), _mm256_shuffle_epi8(sc, odd)];
         ScalesQ6K {
-            halves: [_mm256_shuffle_epi8(sc, even), _mm256_shuffle_epi8(sc, odd)],
+            halves,
+            // The upper copy of each, sign-extended.
+            lanes: halves.map(|h| _mm256_cvtepi32_ps(_mm256_srai_epi32(h, 16))),
             d: _mm256_set1_ps(super::layout::f16_to_f32(self.d)),
         }
     }
@@ -525,8 +716,29 @@ impl Block for PackedQ6K<NARROW> {
         _mm256_madd_epi16(sum, s.halves[h])
     }
 
+    /// The halves' scales applied in floats, exactly (each scaled half is an integer of
+    /// magnitude at most 16 * 32 * 127 * 128 < 2^23, and so is their sum below 2^24): the
+    /// bits of `half` and `widen`, without 32-bit integer multiplies (two instructions and
+    /// ten cycles each). The sum is returned as the bits of a float vector.
     #[inline(always)]
-    unsafe fn finish(s: &ScalesQ6K, ints: __m256i, a: &ActBlock, acc: __m256) -> __m256 {
+    unsafe fn both_vnni(s: &ScalesQ6K, lo: __m256i, hi: __m256i) -> __m256i {
+        let lo = _mm256_mul_ps(_mm256_cvtepi32_ps(lo), s.lanes[0]);
+        _mm256_castps_si256(_mm256_fmadd_ps(_mm256_cvtepi32_ps(hi), s.lanes[1], lo))
+    }
+
+    #[inline(always)]
+    unsafe fn scaled_vnni(s: &ScalesQ6K, sums: __m256i, a: &ActBlock, acc: __m256) -> __m256 {
+        let scale = _mm256_mul_ps(s.d, _mm256_broadcast_ss(&a.d));
+        _mm256_fmadd_ps(_mm256_castsi256_ps(sums), scale, acc)
+    }
+
+    #[inline(always)]
+    unsafe fn widen(_: &ScalesQ6K, ints: __m256i) -> __m256i {
+        ints
+    }
+
+    #[inline(always)]
+    unsafe fn scaled(s: &ScalesQ6K, ints: __m256i, a: &ActBlock, acc: __m256) -> __m256 {
         let scale = _mm256_mul_ps(s.d, _mm256_broadcast_ss(&a.d));
         _mm256_fmadd_ps(_mm256_cvtepi32_ps(ints), scale, acc)
     }
@@ -585,22 +797,29 @@ unsafe fn q8_0_half(w: &[__m256i; 4], a: &ActBlock, h: usize) -> __m256i {
     ints
 }
 
-/// A per-32 format's sums (16-bit unless `WIDE`) widened and scaled, and with `MIN` (Q4_1)
-/// the min added.
+/// A per-32 format's sums widened (16-bit unless `WIDE`).
+///
+/// # Safety
+/// The CPU must have AVX2.
+#[inline(always)]
+unsafe fn widen32<const WIDE: bool>(ints: __m256i) -> __m256i {
+    match WIDE {
+        true => ints,
+        false => _mm256_madd_epi16(ints, _mm256_set1_epi16(1)),
+    }
+}
+
+/// A per-32 format's widened sums scaled, and with `MIN` (Q4_1) the min added.
 ///
 /// # Safety
 /// The CPU must have AVX2 and FMA.
 #[inline(always)]
-unsafe fn finish32<const WIDE: bool, const MIN: bool>(
+unsafe fn finish32<const MIN: bool>(
     s: &Scales32,
     ints: __m256i,
     a: &ActBlock,
     acc: __m256,
 ) -> __m256 {
-    let ints = match WIDE {
-        true => ints,
-        false => _mm256_madd_epi16(ints, _mm256_set1_epi16(1)),
-    };
     let acc = scaled32(s, ints, a, acc);
     match MIN {
         true => _mm256_fmadd_ps(_mm256_load_ps(a.sums32.as_ptr()), s.min, acc),
@@ -610,22 +829,28 @@ unsafe fn finish32<const WIDE: bool, const MIN: bool>(
 
 /// [`Block`] for the per-32 formats, each whole ([`Whole`]) and half-size ([`Low`]): the
 /// storage offset, the min's field (`m`, or `none`), whether a half's sum is 32-bit, the
-/// vectors of half `h` stored with lanes `L`, and the sum of a half's products.
+/// vectors of half `h` stored with lanes `L`, the sum of a half's products, and for a format
+/// whose vectors are not its stored bytes (Q8_0), the stored vectors and their offset.
 macro_rules! per32_blocks {
     ($($whole:ty, $low:ty: offset $offset:literal, min $m:tt, wide $wide:literal,
         |$b:ident, $L:ident, $h:ident| $vectors:expr,
-        |$w:ident, $a:ident, $hh:ident| $half:expr;)*) => {$(
+        |$w:ident, $a:ident, $hh:ident| $half:expr
+        $(, stored |$sb:ident, $sL:ident, $sh:ident| $stored:expr, offset $soffset:literal)?;)*) => {$(
         per32_blocks!(@impl $whole, Whole, $offset, $m, $wide,
-            |$b, $L, $h| $vectors, |$w, $a, $hh| $half);
+            |$b, $L, $h| $vectors, |$w, $a, $hh| $half
+            $(, |$sb, $sL, $sh| $stored, $soffset)?);
         per32_blocks!(@impl $low, Low, $offset, $m, $wide,
-            |$b, $L, $h| $vectors, |$w, $a, $hh| $half);
+            |$b, $L, $h| $vectors, |$w, $a, $hh| $half
+            $(, |$sb, $sL, $sh| $stored, $soffset)?);
     )*};
     (@impl $block:ty, $lanes:ty, $offset:literal, $m:tt, $wide:literal,
         |$b:ident, $L:ident, $h:ident| $vectors:expr,
-        |$w:ident, $a:ident, $hh:ident| $half:expr) => {
+        |$w:ident, $a:ident, $hh:ident| $half:expr
+        $(, |$sb:ident, $sL:ident, $sh:ident| $stored:expr, $soffset:literal)?) => {
         impl Block for $block {
             const PER32: bool = true;
             const OFFSET: i16 = $offset;
+            $(const VNNI_OFFSET: i32 = $soffset;)?
             const WIDE: bool = $wide;
             type Scales = Scales32;
 
@@ -635,6 +860,15 @@ macro_rules! per32_blocks {
                 let $b = self;
                 $vectors
             }
+
+            $(
+            #[inline(always)]
+            unsafe fn stored(&self, $sh: usize) -> [__m256i; 4] {
+                type $sL = $lanes;
+                let $sb = self;
+                $stored
+            }
+            )?
 
             #[inline(always)]
             unsafe fn scales(&self) -> Scales32 {
@@ -650,8 +884,13 @@ macro_rules! per32_blocks {
             }
 
             #[inline(always)]
-            unsafe fn finish(s: &Scales32, ints: __m256i, a: &ActBlock, acc: __m256) -> __m256 {
-                finish32::<$wide, { per32_blocks!(@has_min $m) }>(s, ints, a, acc)
+            unsafe fn widen(_: &Scales32, ints: __m256i) -> __m256i {
+                widen32::<$wide>(ints)
+            }
+
+            #[inline(always)]
+            unsafe fn scaled(s: &Scales32, ints: __m256i, a: &ActBlock, acc: __m256) -> __m256 {
+                finish32::<{ per32_blocks!(@has_min $m) }>(s, ints, a, acc)
             }
         }
     };
@@ -668,7 +907,8 @@ per32_blocks! {
         |w, a, h| centered(w, a, h);
     PackedQ8_0<NARROW>, HalfQ8_0: offset 0, min none, wide true,
         |b, L, h| q8_0_vectors::<L>(b.qs.as_ptr(), h),
-        |w, a, h| q8_0_half(w, a, h);
+        |w, a, h| q8_0_half(w, a, h),
+        stored |b, L, h| std::array::from_fn(|i| L::vector(b.qs.as_ptr(), 4 * h + i)), offset 128;
     PackedQ4_0<NARROW>, HalfQ4_0: offset 8, min none, wide false,
         |b, L, h| nibbles::<L>(b.qs.as_ptr(), h),
         |w, a, h| centered(w, a, h);
@@ -725,6 +965,46 @@ unsafe fn tile<B: Block, H: Block<Scales = B::Scales>, const HALF_BY_HALF: bool>
     rows: usize,
     out: &mut Tile,
 ) {
+    tile_with::<B, H, HALF_BY_HALF, false>(w, js, acts, kb, slab, rows, out)
+}
+
+/// [`tile`] with `vpdpbusd`.
+///
+/// # Safety
+/// The CPU must have AVX2, FMA, F16C and AVX-VNNI; `acts` quantized for AVX-VNNI. Slice
+/// lengths are checked.
+#[target_feature(enable = "avx2,fma,f16c,avxvnni")]
+unsafe fn tile_vnni<B: Block, H: Block<Scales = B::Scales>, const HALF_BY_HALF: bool>(
+    w: &Weights<B, H>,
+    js: Range<usize>,
+    acts: &[ActBlock],
+    kb: usize,
+    slab: usize,
+    rows: usize,
+    out: &mut Tile,
+) {
+    tile_with::<B, H, HALF_BY_HALF, true>(w, js, acts, kb, slab, rows, out)
+}
+
+/// [`tile`]'s work, with `vpdpbusd` if `VNNI`.
+///
+/// # Safety
+/// As [`tile`] or [`tile_vnni`].
+#[inline(always)]
+unsafe fn tile_with<
+    B: Block,
+    H: Block<Scales = B::Scales>,
+    const HALF_BY_HALF: bool,
+    const VNNI: bool,
+>(
+    w: &Weights<B, H>,
+    js: Range<usize>,
+    acts: &[ActBlock],
+    kb: usize,
+    slab: usize,
+    rows: usize,
+    out: &mut Tile,
+) {
     assert!(
         w.holds(js.end, kb)
             && rows.checked_mul(kb).is_some_and(|len| len <= acts.len())
@@ -736,14 +1016,14 @@ unsafe fn tile<B: Block, H: Block<Scales = B::Scales>, const HALF_BY_HALF: bool>
         let acts = &acts[r * kb..(r + n) * kb];
         let js = js.clone();
         match n {
-            1 => group::<B, H, HALF_BY_HALF, 1>(w, js, acts, kb, slab, r, out),
-            2 => group::<B, H, HALF_BY_HALF, 2>(w, js, acts, kb, slab, r, out),
-            3 => group::<B, H, HALF_BY_HALF, 3>(w, js, acts, kb, slab, r, out),
-            4 => group::<B, H, HALF_BY_HALF, 4>(w, js, acts, kb, slab, r, out),
-            5 => group::<B, H, HALF_BY_HALF, 5>(w, js, acts, kb, slab, r, out),
-            6 => group::<B, H, HALF_BY_HALF, 6>(w, js, acts, kb, slab, r, out),
-            7 => group::<B, H, HALF_BY_HALF, 7>(w, js, acts, kb, slab, r, out),
-            _ => group::<B, H, HALF_BY_HALF, 8>(w, js, acts, kb, slab, r, out),
+            1 => group::<B, H, HALF_BY_HALF, VNNI, 1>(w, js, acts, kb, slab, r, out),
+            2 => group::<B, H, HALF_BY_HALF, VNNI, 2>(w, js, acts, kb, slab, r, out),
+            3 => group::<B, H, HALF_BY_HALF, VNNI, 3>(w, js, acts, kb, slab, r, out),
+            4 => group::<B, H, HALF_BY_HALF, VNNI, 4>(w, js, acts, kb, slab, r, out),
+            5 => group::<B, H, HALF_BY_HALF, VNNI, 5>(w, js, acts, kb, slab, r, out),
+            6 => group::<B, H, HALF_BY_HALF, VNNI, 6>(w, js, acts, kb, slab, r, out),
+            7 => group::<B, H, HALF_BY_HALF, VNNI, 7>(w, js, acts, kb, slab, r, out),
+            _ => group::<B, H, HALF_BY_HALF, VNNI, 8>(w, js, acts, kb, slab, r, out),
         }
         r += n;
     }
@@ -764,6 +1044,7 @@ unsafe fn group<
     B: Block,
     H: Block<Scales = B::Scales>,
     const HALF_BY_HALF: bool,
+    const VNNI: bool,
     const R: usize,
 >(
     w: &Weights<B, H>,
@@ -784,23 +1065,22 @@ unsafe fn group<
                 let part = w.block(j, b);
                 let act = |i: usize| &*a.add(i * kb + b);
                 let sc = scales(&part);
-                let lo = vectors(&part, 0);
+                let half = |w, i, h| half::<B, VNNI>(w, &sc, act(i), h);
+                let lo = vectors::<B, H, VNNI>(&part, 0);
                 if HALF_BY_HALF {
-                    let mut ints: [__m256i; R] =
-                        std::array::from_fn(|i| B::half(&lo, &sc, act(i), 0));
-                    let hi = vectors(&part, 1);
+                    let mut ints: [__m256i; R] = std::array::from_fn(|i| half(&lo, i, 0));
+                    let hi = vectors::<B, H, VNNI>(&part, 1);
                     for (i, ints) in ints.iter_mut().enumerate() {
-                        *ints = both::<B>(*ints, B::half(&hi, &sc, act(i), 1));
+                        *ints = both::<B, VNNI>(&sc, *ints, half(&hi, i, 1));
                     }
                     for (i, acc) in acc.iter_mut().enumerate() {
-                        *acc = B::finish(&sc, ints[i], act(i), *acc);
+                        *acc = finish::<B, VNNI>(&sc, ints[i], act(i), *acc);
                     }
                 } else {
-                    let hi = vectors(&part, 1);
+                    let hi = vectors::<B, H, VNNI>(&part, 1);
                     for (i, acc) in acc.iter_mut().enumerate() {
-                        let ints =
-                            both::<B>(B::half(&lo, &sc, act(i), 0), B::half(&hi, &sc, act(i), 1));
-                        *acc = B::finish(&sc, ints, act(i), *acc);
+                        let ints = both::<B, VNNI>(&sc, half(&lo, i, 0), half(&hi, i, 1));
+                        *acc = finish::<B, VNNI>(&sc, ints, act(i), *acc);
                     }
                 }
             }

@@ -1,4 +1,4 @@
-//! Multi-row matmul kernels for quantized GGUF weights, in two instruction-set families.
+//! Multi-row matmul kernels for quantized GGUF weights, in three instruction-set families.
 //!
 //! A verify forward multiplies each weight matrix by k+1 activation rows. These kernels unpack
 //! every weight block once and then run it against all rows, so extra rows cost only their own
@@ -6,17 +6,19 @@
 //! by). The weights are repacked at load time into the layout of the family that multiplies
 //! them ([`layout`]): AVX-512 VNNI ([`avx512`], Q4_K, Q6_K, Q5_0, Q8_0, on 64-byte vectors)
 //! and AVX2 with FMA and F16C ([`avx2`], the same four plus Q4_0 and Q4_1, on 32-byte
-//! vectors; on an AVX-512 machine it also runs the formats the AVX-512 family lacks).
+//! vectors; on an AVX-512 machine it also runs the formats the AVX-512 family lacks). AVX-VNNI
+//! runs AVX2's layout with `vpdpbusd` for its products, to the same bits.
 //!
-//! Row independence is by construction in both: for each (weight row, activation row) pair
+//! Row independence is by construction in all: for each (weight row, activation row) pair
 //! the arithmetic is the same sequence of operations whatever the number of rows (integer sums
 //! are exact; the float accumulation runs block by block in a fixed order). So a forward over k
-//! tokens gives bit for bit the logits of k one-token forwards. The two families round
+//! tokens gives bit for bit the logits of k one-token forwards. AVX-512 and AVX2 round
 //! differently from each other, so their logits differ in the last bits, as two CPUs' would.
 //!
 //! [`Kernels::detect`] picks the best family this CPU runs, or the one `CASCADE_KERNELS`
-//! names (`avx512`, `avx2`, `portable`); `portable` is candle's `vec_dot`, one dot product per
-//! output (also row-independent, but every extra row costs a full pass over the weights).
+//! names (`avx512`, `avxvnni`, `avx2`, `portable`); `portable` is candle's `vec_dot`, one dot
+//! product per output (also row-independent, but every extra row costs a full pass over the
+//! weights).
 
 mod layout;
 
@@ -39,6 +41,9 @@ use std::ops::Range;
 pub enum Kernels {
     /// AVX-512 F/BW/VNNI (`vpdpbusd`).
     Avx512,
+    /// AVX2 with FMA, F16C and AVX-VNNI (`vpdpbusd` on 32-byte vectors): AVX2's layout and
+    /// bits, in fewer instructions.
+    AvxVnni,
     /// AVX2 with FMA and F16C (`vpmaddubsw`).
     Avx2,
     /// candle's `vec_dot`, on any CPU.
@@ -50,12 +55,18 @@ pub const KERNELS_ENV: &str = "CASCADE_KERNELS";
 
 impl Kernels {
     /// Every family, best first.
-    pub const ALL: [Kernels; 3] = [Kernels::Avx512, Kernels::Avx2, Kernels::Portable];
+    pub const ALL: [Kernels; 4] = [
+        Kernels::Avx512,
+        Kernels::AvxVnni,
+        Kernels::Avx2,
+        Kernels::Portable,
+    ];
 
     /// The name used in `CASCADE_KERNELS` and in reports.
     pub fn name(self) -> &'static str {
         match self {
             Kernels::Avx512 => "avx512",
+            Kernels::AvxVnni => "avxvnni",
             Kernels::Avx2 => "avx2",
             Kernels::Portable => "portable",
         }
@@ -66,6 +77,8 @@ impl Kernels {
         match self {
             #[cfg(target_arch = "x86_64")]
             Kernels::Avx512 => avx512::supported() && avx2::supported(),
+            #[cfg(target_arch = "x86_64")]
+            Kernels::AvxVnni => avx2::supported_vnni(),
             #[cfg(target_arch = "x86_64")]
             Kernels::Avx2 => avx2::supported(),
             Kernels::Portable => true,
@@ -245,22 +258,37 @@ impl Packed {
     pub fn matmul(&self, mkn: (usize, usize, usize), lhs: &[f32], dst: &mut [f32]) {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: `Packed::new` only packs for a fast family, in the layout of the family that
-        // multiplies the format; that family runs on this CPU (the blocks' family came from
-        // `Kernels::detect` or `supported`, which check, and an AVX-512 CPU that runs that
-        // family also runs AVX2: `Kernels::runs_here`). The kernels check the slice lengths.
+        // multiplies the format; that family runs on this CPU (checked here; an AVX-512 CPU
+        // that runs that family also runs AVX2: `Kernels::runs_here`), and AVX-VNNI products
+        // run only where the CPU has them. The kernels check the slice lengths.
         unsafe {
             assert!(self.kernels.runs_here());
+            // AVX2's layout, multiplied with VNNI where the family or (for the formats the
+            // AVX-512 family lacks) the CPU has it: the same bits, in fewer instructions.
+            let vnni = match self.kernels {
+                Kernels::AvxVnni => true,
+                Kernels::Avx512 => Kernels::AvxVnni.runs_here(),
+                _ => false,
+            };
+            macro_rules! narrow {
+                ($b:expr) => {
+                    match vnni {
+                        true => avx2::matmul::<_, _, true>(&$b.blocks, &$b.tails, mkn, lhs, dst),
+                        false => avx2::matmul::<_, _, false>(&$b.blocks, &$b.tails, mkn, lhs, dst),
+                    }
+                };
+            }
             match &self.blocks {
                 Blocks::Q4K(b) => avx512::matmul(&b.blocks, &b.tails, mkn, lhs, dst),
                 Blocks::Q6K(b) => avx512::matmul(&b.blocks, &b.tails, mkn, lhs, dst),
                 Blocks::Q5_0(b) => avx512::matmul(&b.blocks, &b.tails, mkn, lhs, dst),
                 Blocks::Q8_0(b) => avx512::matmul(&b.blocks, &b.tails, mkn, lhs, dst),
-                Blocks::Q4KNarrow(b) => avx2::matmul(&b.blocks, &b.tails, mkn, lhs, dst),
-                Blocks::Q6KNarrow(b) => avx2::matmul(&b.blocks, &b.tails, mkn, lhs, dst),
-                Blocks::Q5_0Planes(b) => avx2::matmul(&b.blocks, &b.tails, mkn, lhs, dst),
-                Blocks::Q8_0Narrow(b) => avx2::matmul(&b.blocks, &b.tails, mkn, lhs, dst),
-                Blocks::Q4_0(b) => avx2::matmul(&b.blocks, &b.tails, mkn, lhs, dst),
-                Blocks::Q4_1(b) => avx2::matmul(&b.blocks, &b.tails, mkn, lhs, dst),
+                Blocks::Q4KNarrow(b) => narrow!(b),
+                Blocks::Q6KNarrow(b) => narrow!(b),
+                Blocks::Q5_0Planes(b) => narrow!(b),
+                Blocks::Q8_0Narrow(b) => narrow!(b),
+                Blocks::Q4_0(b) => narrow!(b),
+                Blocks::Q4_1(b) => narrow!(b),
             }
         }
     }

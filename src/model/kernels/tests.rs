@@ -171,6 +171,7 @@ fn every_family_the_cpu_runs_is_detected() {
     let avx512 = avx2 && has("avx512f") && has("avx512bw") && has("avx512_vnni");
     let want: Vec<Kernels> = [
         (avx512, Kernels::Avx512),
+        (avx2 && has("avx_vnni"), Kernels::AvxVnni),
         (avx2, Kernels::Avx2),
         (true, Kernels::Portable),
     ]
@@ -404,7 +405,7 @@ fn kernel_family_settings() {
     let e = Kernels::from_setting(Some("sse9")).unwrap_err().to_string();
     assert_eq!(
         e,
-        "CASCADE_KERNELS: unknown kernel family `sse9` (known: avx512, avx2, portable)"
+        "CASCADE_KERNELS: unknown kernel family `sse9` (known: avx512, avxvnni, avx2, portable)"
     );
     for k in Kernels::ALL {
         match Kernels::from_setting(Some(k.name())) {
@@ -521,15 +522,20 @@ fn a_non_finite_activation_gives_non_finite_outputs() {
 /// The AVX2 kernels' two orders, half by half over a group's rows (AVX2-only builds) and
 /// whole row by row (builds with AVX-512's registers), give the same bits for every format,
 /// with and without short last blocks, at 1 to 19 activation rows: a build runs only one of
-/// them, so this is where the other is tested.
+/// them, so this is where the other is tested. Where the CPU has AVX-VNNI, its products
+/// (`vpdpbusd`) give those bits too, in both orders.
 #[test]
 #[cfg(target_arch = "x86_64")]
-fn the_avx2_orders_give_the_same_bits() {
+fn the_avx2_orders_and_vnni_give_the_same_bits() {
     if !Kernels::Avx2.runs_here() {
         eprintln!("no AVX2 on this CPU: orders not tested");
         return;
     }
-    fn same<T: GgmlType>(pack: Pack<T>, k: usize) {
+    let vnni = Kernels::AvxVnni.runs_here();
+    if !vnni {
+        eprintln!("no AVX-VNNI on this CPU: its products not tested");
+    }
+    fn same<T: GgmlType>(pack: Pack<T>, k: usize, vnni: bool) {
         let (n, m) = (21, 19);
         let w: Vec<T> = blocks(n * k / T::BLCK_SIZE, 12);
         let packed = Packed::new(pack(&w), k, Kernels::Avx2);
@@ -537,39 +543,55 @@ fn the_avx2_orders_give_the_same_bits() {
         for rows in 1..=m {
             let mkn = (rows, k, n);
             let lhs = &lhs[..rows * k];
-            let out = |half_by_half: bool| {
+            let out = |half_by_half: bool, vnni: bool| {
                 let mut dst = vec![0f32; rows * n];
                 macro_rules! run {
                     ($($variant:ident),*) => {
-                        match (&packed.blocks, half_by_half) {
+                        match (&packed.blocks, half_by_half, vnni) {
                             $(
-                                (Blocks::$variant(b), true) => avx2::matmul_in_order::<_, _, true>(
-                                    &b.blocks, &b.tails, mkn, lhs, &mut dst,
-                                ),
-                                (Blocks::$variant(b), false) => avx2::matmul_in_order::<_, _, false>(
-                                    &b.blocks, &b.tails, mkn, lhs, &mut dst,
-                                ),
+                                (Blocks::$variant(b), true, false) =>
+                                    avx2::matmul_in_order::<_, _, true, false>(
+                                        &b.blocks, &b.tails, mkn, lhs, &mut dst,
+                                    ),
+                                (Blocks::$variant(b), false, false) =>
+                                    avx2::matmul_in_order::<_, _, false, false>(
+                                        &b.blocks, &b.tails, mkn, lhs, &mut dst,
+                                    ),
+                                (Blocks::$variant(b), true, true) =>
+                                    avx2::matmul_in_order::<_, _, true, true>(
+                                        &b.blocks, &b.tails, mkn, lhs, &mut dst,
+                                    ),
+                                (Blocks::$variant(b), false, true) =>
+                                    avx2::matmul_in_order::<_, _, false, true>(
+                                        &b.blocks, &b.tails, mkn, lhs, &mut dst,
+                                    ),
                             )*
                             _ => unreachable!("not an AVX2 packing"),
                         }
                     };
                 }
-                // SAFETY: the CPU runs AVX2 (checked above); the kernels check the lengths.
+                // SAFETY: the CPU runs AVX2, and AVX-VNNI where asked (checked above); the
+                // kernels check the lengths.
                 unsafe { run!(Q4KNarrow, Q6KNarrow, Q5_0Planes, Q8_0Narrow, Q4_0, Q4_1) };
                 dst.iter().map(|v| v.to_bits()).collect::<Vec<u32>>()
             };
-            let (a, b) = (out(true), out(false));
-            assert!(a == b, "{:?} k = {k}, {rows} rows", T::DTYPE);
-            assert!(a.iter().any(|&v| v != 0), "{:?}: all zero", T::DTYPE);
+            let what = format!("{:?} k = {k}, {rows} rows", T::DTYPE);
+            let a = out(true, false);
+            assert!(a == out(false, false), "{what}: the orders differ");
+            assert!(a.iter().any(|&v| v != 0), "{what}: all zero");
+            if vnni {
+                assert!(a == out(true, true), "{what}: VNNI half by half differs");
+                assert!(a == out(false, true), "{what}: VNNI row by row differs");
+            }
         }
     }
-    same(Q4K, 1536);
-    same(Q6K, 1536);
+    same(Q4K, 1536, vnni);
+    same(Q6K, 1536, vnni);
     for k in [896, 2080] {
-        same(Q5_0, k);
-        same(Q8_0, k);
-        same(Q4_0, k);
-        same(Q4_1, k);
+        same(Q5_0, k, vnni);
+        same(Q8_0, k, vnni);
+        same(Q4_0, k, vnni);
+        same(Q4_1, k, vnni);
     }
 }
 
