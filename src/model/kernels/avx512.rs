@@ -2,7 +2,7 @@
 //!
 //! Per 256-value block and activation row: four `vpdpbusd`, one conversion, a multiply and a
 //! fused multiply-add, with the scales applied per 32-bit lane after the integer sums. Formats
-//! stored plus a constant take its products off the integer sums (one subtraction, exact);
+//! stored plus a constant start their integer sums from minus its products (exact, and free);
 //! Q4_K's mins take a second fused multiply-add. Weight blocks are unpacked once for all
 //! activation rows; when the activation rows outgrow L1 ([`in_pairs`]), weight rows go in pairs
 //! so that each activation vector is loaded once for both.
@@ -80,8 +80,9 @@ unsafe fn unpack<B: Unpack, H: Unpack>(
 struct ActBlock {
     qs: [i8; QK],
     /// Each group's sum as the weights' format takes it off: for a format stored plus a
-    /// constant ([`Unpack::OFFSET_LOG2`]) the integer sum times it; otherwise (Q4_K's mins)
-    /// the f32 bits of the sum times `d`. One field, so a block stays six cache lines.
+    /// constant ([`Unpack::OFFSET_LOG2`]) minus the integer sum times it, where the group's
+    /// `vpdpbusd` chain starts; otherwise (Q4_K's mins) the f32 bits of the sum times `d`. One
+    /// field, so a block stays six cache lines.
     sums: [u32; 16],
     d: f32,
 }
@@ -148,7 +149,7 @@ impl ActBlock {
             let sum = _mm512_reduce_add_epi32(q);
             block.sums[g] = match offset_log2 {
                 // At most 16 x 127 << 7: far inside an i32.
-                Some(log2) => (sum << log2) as u32,
+                Some(log2) => (-(sum << log2)) as u32,
                 None => (sum as f32 * block.d).to_bits(),
             };
         }
@@ -161,8 +162,9 @@ impl ActBlock {
 /// offset to subtract per unit of activation sum.
 pub(super) trait Unpack {
     /// Formats whose stored values all carry the same offset, a power of two (Q6_K 32, Q5_0 16,
-    /// Q8_0 128): its log2. Its products then come off the integer sums, exactly (a row of zero
-    /// weights gives exactly 0), and `unpack`'s offset is unused. `None` for Q4_K, whose mins
+    /// Q8_0 128): its log2. The integer sums then start from minus its products and end on the
+    /// true values' sums, exactly (a row of zero weights gives exactly 0), and `unpack`'s
+    /// offset is unused. `None` for Q4_K, whose mins
     /// vary by sub-block and are subtracted in floats.
     const OFFSET_LOG2: Option<u32>;
 
@@ -414,17 +416,19 @@ unsafe fn block_dot<B: Unpack>(
     a: &ActBlock,
     acc: __m512,
 ) -> __m512 {
-    let mut s = _mm512_setzero_si512();
+    // A format stored plus an offset starts from minus the offset's products (`ActBlock::sums`)
+    // rather than from zero, which takes them off without an instruction of its own.
+    let mut s = match B::OFFSET_LOG2 {
+        Some(_) => _mm512_load_si512(a.sums.as_ptr() as *const _),
+        None => _mm512_setzero_si512(),
+    };
     for (wv, av) in wv.iter().zip(av) {
         s = _mm512_dpbusd_epi32(s, *wv, *av);
     }
     // Lane sums are below 2^24, so the conversion is exact.
     let scaled = _mm512_mul_ps(*scale, _mm512_set1_ps(a.d));
     match B::OFFSET_LOG2 {
-        Some(_) => {
-            let s = _mm512_sub_epi32(s, _mm512_load_si512(a.sums.as_ptr() as *const _));
-            _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), scaled, acc)
-        }
+        Some(_) => _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), scaled, acc),
         None => {
             let acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), scaled, acc);
             _mm512_fnmadd_ps(_mm512_load_ps(a.sums.as_ptr() as *const f32), *offset, acc)
