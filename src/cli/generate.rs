@@ -308,7 +308,7 @@ fn print_comparison(samples: &[(u64, Generation)], c: &bench::Comparison) {
 struct GenerateDoc<'a> {
     config: &'a Path,
     drafter: Option<&'a str>,
-    /// The kernel family the target ran with (`avx512`, `avx2`, `portable`).
+    /// The kernel family the target ran with (`avx512`, `avxvnni`, `avx2`, `portable`).
     kernels: Option<String>,
     k: usize,
     sampling: Sampling,
