@@ -17,7 +17,7 @@
 //!
 //! A weight block is unpacked into registers once, in two halves of four vectors
 //! ([`Block::vectors`]), multiplied by every activation row's ([`Block::half`]) and the sum of
-//! both halves scaled ([`Block::finish`]). An AVX2-only build, with 16 vector registers, takes
+//! both halves scaled ([`finish`]). An AVX2-only build, with 16 vector registers, takes
 //! the first half over all of a group's rows, then the second, so that four value vectors are
 //! live instead of eight and the group's sums stay in registers; a build with AVX-512's 32
 //! keeps all eight and takes the rows one by one ([`REGISTERS_32`]). Each (weight row,
@@ -130,8 +130,8 @@ unsafe fn scales<B: Block, H: Block<Scales = B::Scales>>(part: &Part<B, H>) -> B
 }
 
 /// 256 activations quantized to 8 bits, in the [`NARROW`] layout, with the sum of each 32
-/// values times its scale (for mins) and, for weights stored plus an offset, what the offset
-/// adds to each 16-bit product.
+/// values times its scale (for mins) and, for weights stored plus an offset, the offset's
+/// share of the products ([`ActBlock::offsets`]).
 ///
 /// Formats with one weight scale per 256 values (Q4_K, Q6_K) take one activation scale per
 /// block, as the AVX-512 kernels and candle's Q8_K do. Formats with one scale per 32 (Q4_0,
@@ -317,8 +317,9 @@ pub(super) trait Block {
     /// The CPU must have AVX2; `h < 2`.
     unsafe fn half(w: &[__m256i; 4], s: &Self::Scales, a: &ActBlock, h: usize) -> __m256i;
 
-    /// [`Block::half`] with `vpdpbusd` on [`Block::stored`] vectors: in 32 bits, the products
-    /// of the true values, times any integer scale of the half alone.
+    /// [`Block::half`] with `vpdpbusd` on [`Block::stored`] vectors: the products of the true
+    /// values, summed per lane in 32 bits (integer scales come later: [`Block::both_vnni`],
+    /// [`Block::scaled_vnni`]).
     ///
     /// # Safety
     /// The CPU must have AVX2 and AVX-VNNI; `h < 2`; `a` quantized for AVX-VNNI.
@@ -330,7 +331,7 @@ pub(super) trait Block {
     /// Both halves' sums of [`Block::half_vnni`] as one, for [`Block::scaled_vnni`].
     ///
     /// # Safety
-    /// The CPU must have AVX2.
+    /// The CPU must have AVX2 and FMA.
     #[inline(always)]
     unsafe fn both_vnni(_: &Self::Scales, lo: __m256i, hi: __m256i) -> __m256i {
         _mm256_add_epi32(lo, hi)
@@ -400,7 +401,7 @@ unsafe fn half<B: Block, const VNNI: bool>(
 /// range, and wrapping on the way does not change it); with `VNNI`, [`Block::both_vnni`].
 ///
 /// # Safety
-/// The CPU must have AVX2.
+/// The CPU must have AVX2 and FMA.
 #[inline(always)]
 unsafe fn both<B: Block, const VNNI: bool>(s: &B::Scales, lo: __m256i, hi: __m256i) -> __m256i {
     if VNNI {
@@ -642,7 +643,7 @@ impl Block for PackedQ4K<NARROW> {
     #[inline(always)]
     unsafe fn scaled_vnni(s: &ScalesQ4K, ints: __m256i, a: &ActBlock, acc: __m256) -> __m256 {
         // The integer scale in floats: a product of integers below 2^24 (at most
-        // 32 * 15 * 127 * 63), so exactly what `widen` gives, in one instruction where a
+        // 32 * 15 * 127 * 63), so exactly the value `widen` gives, in one instruction where a
         // 32-bit integer multiply takes two and ten cycles.
         q4k_scaled(s, _mm256_mul_ps(_mm256_cvtepi32_ps(ints), s.lanes), a, acc)
     }
@@ -719,8 +720,9 @@ impl Block for PackedQ6K<NARROW> {
 
     /// The halves' scales applied in floats, exactly (each scaled half is an integer of
     /// magnitude at most 16 * 32 * 127 * 128 < 2^23, and so is their sum below 2^24): the
-    /// bits of `half` and `widen`, without 32-bit integer multiplies (two instructions and
-    /// ten cycles each). The sum is returned as the bits of a float vector.
+    /// value of `half` and `widen`, without 32-bit integer multiplies (two instructions and
+    /// ten cycles each); a zero may come out as -0.0, which adds to an accumulator as +0.0
+    /// does. The sum is returned as the bits of a float vector.
     #[inline(always)]
     unsafe fn both_vnni(s: &ScalesQ6K, lo: __m256i, hi: __m256i) -> __m256i {
         let lo = _mm256_mul_ps(_mm256_cvtepi32_ps(lo), s.lanes[0]);
@@ -1037,9 +1039,9 @@ unsafe fn tile_with<
 /// slab left them.
 ///
 /// # Safety
-/// The CPU must have AVX2, FMA and F16C; `acts` holds `R * kb` blocks, `w` the rows `js` of
-/// `kb` blocks each, `js` at most [`CHUNK`] rows (checked by the caller, [`tile`]);
-/// `slab > 0`.
+/// The CPU must have AVX2, FMA and F16C, and with `VNNI` AVX-VNNI (and `acts` quantized for
+/// it); `acts` holds `R * kb` blocks, `w` the rows `js` of `kb` blocks each, `js` at most
+/// [`CHUNK`] rows (checked by the caller, [`tile_with`]); `slab > 0`.
 #[inline(always)]
 unsafe fn group<
     B: Block,

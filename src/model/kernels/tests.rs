@@ -1,6 +1,6 @@
 //! Every kernel family this CPU runs, against a dequantize-then-multiply reference and
 //! candle's `vec_dot`, and for row-count independence. (AVX2 runs on AVX-512 machines too,
-//! so both families are tested there.)
+//! and AVX-VNNI on those that have it, so every family is tested there.)
 
 use super::*;
 use candle_core::quantized::k_quants::{self, GgmlType};
