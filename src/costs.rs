@@ -140,6 +140,12 @@ pub fn subject_label(model: &str, vocabulary: Option<usize>) -> String {
     }
 }
 
+/// The trimmed vocabulary's size in a [`subject_label`] of `model`, if it names one.
+pub fn trimmed_size(label: &str, model: &str) -> Option<usize> {
+    let size = label.strip_prefix(model)?.strip_prefix(" (vocabulary ")?;
+    size.strip_suffix(')')?.parse().ok()
+}
+
 /// Measured costs, and how much of the CPU the measurement had.
 pub struct Measurement {
     /// Per model, in the order asked.

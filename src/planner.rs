@@ -221,10 +221,24 @@ impl<'a> Measured<'a> {
         c
     }
 
-    /// A model's measured cost c and its forward cost points r(k).
-    fn cost(&self, model: &ModelPlan) -> Result<(f64, &'a [(usize, f64)])> {
+    /// A model's measured cost c and its forward cost points r(k); with a vocabulary trimmed
+    /// to its `trimmed` most frequent tokens, the cost measured for the smallest trimmed set at
+    /// least that large (a set holds the end-of-sequence tokens too, and a larger one costs
+    /// more: an upper bound), else the whole model's.
+    fn cost(&self, model: &ModelPlan, trimmed: Option<usize>) -> Result<(f64, &'a [(usize, f64)])> {
         let name = file_label(&model.path);
-        let m = self.report.models.iter().find(|m| m.model == name);
+        let models = &self.report.models;
+        let smallest_trimmed = trimmed.and_then(|n| {
+            let sizes = models
+                .iter()
+                .filter_map(|m| Some((crate::costs::trimmed_size(&m.model, &name)?, m)));
+            sizes
+                .filter(|&(size, _)| size >= n)
+                .min_by_key(|&(size, _)| size)
+        });
+        let m = smallest_trimmed
+            .map(|(_, m)| m)
+            .or_else(|| models.iter().find(|m| m.model == name));
         let m = m.ok_or_else(|| Error::Plan(format!("the report has no cost for `{name}`")))?;
         let r = &m.forward_cost;
         if !crate::costs::well_formed_ratios(r) {
@@ -343,7 +357,7 @@ pub fn plan_levels(m: &Measured, plan: &Plan, max_k: usize) -> Result<Vec<LevelP
     let mut levels = Vec::new();
     let k = plan.options.k;
     let reviews = m.target_reviews();
-    let (_, verify) = m.cost(&plan.target)?;
+    let (_, verify) = m.cost(&plan.target, None)?;
     let level = Level {
         reviewer: Reviewing::Target,
         c: 1.0,
@@ -514,10 +528,8 @@ fn part_cost(
 ) -> Result<PartCost> {
     let linear = |c: f64| (0..=horizon).map(|n| n as f64 * c).collect::<Vec<_>>();
     Ok(match &node.kind {
-        // A trimmed vocabulary is planned at its model's full cost, an upper bound: the report
-        // names a trimmed cost by the size of its token set, which the plan alone does not know.
-        DrafterPlan::Model { model, .. } => {
-            let c = linear(m.cost(model)?.0);
+        DrafterPlan::Model { model, vocabulary } => {
+            let c = linear(m.cost(model, vocabulary.as_ref().map(|v| v.tokens))?.0);
             PartCost {
                 current: c.clone(),
                 best: c,
@@ -530,7 +542,7 @@ fn part_cost(
         DrafterPlan::Vertical {
             reviewer, inner, k, ..
         } => {
-            let (c, verify) = m.cost(reviewer)?;
+            let (c, verify) = m.cost(reviewer, None)?;
             let level = Level {
                 reviewer: Reviewing::Cascade(NodeRef::of(node)),
                 c,
@@ -688,4 +700,43 @@ fn entry<'d>(doc: &'d mut toml::Value, path: &[&str]) -> Result<&'d mut toml::Va
     Ok(table
         .entry(last.to_string())
         .or_insert(toml::Value::Integer(0)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A trimmed draft model is planned at the cost measured for the smallest trimmed set at
+    /// least as large as its own, and at the whole model's cost where none was measured.
+    #[test]
+    fn a_trimmed_vocabulary_is_planned_at_its_measured_cost() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/bench/report.json");
+        let mut report: Report =
+            serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+        let file = "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf";
+        let whole = report
+            .models
+            .iter()
+            .find(|m| m.model == file)
+            .unwrap()
+            .clone();
+        for (size, c) in [(16386, 0.25), (32770, 0.3)] {
+            report.models.push(crate::bench::ModelCost {
+                model: crate::costs::subject_label(file, Some(size)),
+                c_measured: c,
+                ..whole.clone()
+            });
+        }
+        let m = Measured::new(&report, "speculative").unwrap();
+        let model = ModelPlan {
+            path: Path::new("models").join(file),
+            tokenizer: None,
+        };
+        let c = |trimmed| m.cost(&model, trimmed).unwrap().0;
+        assert_eq!(c(None), whole.c_measured);
+        assert_eq!(c(Some(16384)), 0.25);
+        assert_eq!(c(Some(32768)), 0.3);
+        assert_eq!(c(Some(20000)), 0.3);
+        assert_eq!(c(Some(65536)), whole.c_measured);
+    }
 }
