@@ -30,7 +30,10 @@
 //! share taken off ([`ActBlock::offsets`]); Q4_K's and Q6_K's integer sub-block scales are
 //! applied as float products, exact for sums below 2^24, instead of 32-bit integer multiplies
 //! (two instructions and ten cycles each). The sums are the same exact integers, and the float
-//! steps are shared, so both families give the same bits (tested).
+//! steps are shared, so both families give the same bits (tested). The AVX-512 family runs
+//! the formats it has no kernels of its own for (Q4_0, Q4_1) the same way, with the EVEX
+//! encoding of `vpdpbusd` that every AVX-512 VNNI CPU has (Cascade Lake, Ice Lake and Zen 4
+//! have no AVX-VNNI). Which instruction makes the products is a [`Products`] type.
 //!
 //! [`AvxVnni`]: super::Kernels::AvxVnni
 
@@ -56,12 +59,12 @@ pub(super) fn supported_vnni() -> bool {
 
 /// `dst[m x n] = lhs[m x k] x Wᵀ` for `n` weight rows of `k.div_ceil(256)` blocks each: all
 /// in `w`, or (if `tails` is not empty) all but the last in `w` and the last, in half size,
-/// in `tails` (`Rows` in the layout module); with `VNNI`, products by `vpdpbusd`.
+/// in `tails` (`Rows` in the layout module); with the products of `P`.
 ///
 /// # Safety
-/// The CPU must have AVX2, FMA and F16C ([`supported`]), and with `VNNI` AVX-VNNI
-/// ([`supported_vnni`]). Slice lengths are checked.
-pub(super) unsafe fn matmul<B, H, const VNNI: bool>(
+/// The CPU must have AVX2, FMA and F16C ([`supported`]), and what `P` names ([`Products`]).
+/// Slice lengths are checked.
+pub(super) unsafe fn matmul<B, H, P: Products>(
     w: &[B],
     tails: &[H],
     mkn: (usize, usize, usize),
@@ -71,7 +74,7 @@ pub(super) unsafe fn matmul<B, H, const VNNI: bool>(
     B: Block + Sync,
     H: Block<Scales = B::Scales> + Sync,
 {
-    matmul_in_order::<B, H, { !REGISTERS_32 }, VNNI>(w, tails, mkn, lhs, dst)
+    matmul_in_order::<B, H, { !REGISTERS_32 }, P>(w, tails, mkn, lhs, dst)
 }
 
 /// [`matmul`], taking each block half by half over a group's rows if `HALF_BY_HALF`, else
@@ -80,7 +83,7 @@ pub(super) unsafe fn matmul<B, H, const VNNI: bool>(
 ///
 /// # Safety
 /// As [`matmul`].
-pub(super) unsafe fn matmul_in_order<B, H, const HALF_BY_HALF: bool, const VNNI: bool>(
+pub(super) unsafe fn matmul_in_order<B, H, const HALF_BY_HALF: bool, P: Products>(
     w: &[B],
     tails: &[H],
     (m, k, n): (usize, usize, usize),
@@ -101,19 +104,14 @@ pub(super) unsafe fn matmul_in_order<B, H, const HALF_BY_HALF: bool, const VNNI:
     let kb = k.div_ceil(QK);
     let w = Weights::new(w, tails, kb);
     assert!(w.holds(n, kb) && Some(lhs.len()) == m.checked_mul(k));
-    let acts = ActBlock::quantize::<B>(lhs, m, k, VNNI);
+    let acts = ActBlock::quantize::<B>(lhs, m, k, P::VNNI);
     let slab = slab(m, kb);
     let row_bytes = kb * std::mem::size_of::<ActBlock>();
     for_each_output((m, n), row_bytes, dst, |js, r0, rows, out| {
         let acts = &acts[r0 * kb..];
         // SAFETY: the caller guarantees the CPU features; `js` is within the `n` rows of `w`
         // (checked above) and rows `r0..r0 + rows` within the `m` quantized rows.
-        unsafe {
-            match VNNI {
-                true => tile_vnni::<B, H, HALF_BY_HALF>(&w, js, acts, kb, slab, rows, out),
-                false => tile::<B, H, HALF_BY_HALF>(&w, js, acts, kb, slab, rows, out),
-            }
-        }
+        unsafe { P::tile::<B, H, HALF_BY_HALF>(&w, js, acts, kb, slab, rows, out) }
     });
 }
 
@@ -317,18 +315,7 @@ pub(super) trait Block {
     /// The CPU must have AVX2; `h < 2`.
     unsafe fn half(w: &[__m256i; 4], s: &Self::Scales, a: &ActBlock, h: usize) -> __m256i;
 
-    /// [`Block::half`] with `vpdpbusd` on [`Block::stored`] vectors: the products of the true
-    /// values, summed per lane in 32 bits (integer scales come later: [`Block::both_vnni`],
-    /// [`Block::scaled_vnni`]).
-    ///
-    /// # Safety
-    /// The CPU must have AVX2 and AVX-VNNI; `h < 2`; `a` quantized for AVX-VNNI.
-    #[inline(always)]
-    unsafe fn half_vnni(w: &[__m256i; 4], _: &Self::Scales, a: &ActBlock, h: usize) -> __m256i {
-        dots::<Self>(w, a, h)
-    }
-
-    /// Both halves' sums of [`Block::half_vnni`] as one, for [`Block::scaled_vnni`].
+    /// Both halves' sums of [`dots`] as one, for [`Block::scaled_vnni`].
     ///
     /// # Safety
     /// The CPU must have AVX2 and FMA.
@@ -350,7 +337,7 @@ pub(super) trait Block {
     /// The CPU must have AVX2 and FMA.
     unsafe fn scaled(s: &Self::Scales, ints: __m256i, a: &ActBlock, acc: __m256) -> __m256;
 
-    /// [`Block::scaled`] from the 32-bit sums of [`Block::half_vnni`], with the same result:
+    /// [`Block::scaled`] from the 32-bit sums of [`dots`], with the same result:
     /// what [`Block::widen`] would multiply in is applied exactly on the way.
     ///
     /// # Safety
@@ -362,17 +349,14 @@ pub(super) trait Block {
 }
 
 /// Half `h` of a block's value vectors, whole or half-size (which reads as its whole block's
-/// registers: `per32_blocks!`): as [`Block::half`] multiplies them, or with `VNNI`, as
-/// [`Block::half_vnni`] does.
+/// registers: `per32_blocks!`): as [`Block::half`] multiplies them, or with `vpdpbusd`, as
+/// [`dots`] does.
 ///
 /// # Safety
 /// The CPU must have AVX2 and F16C; `h < 2`.
 #[inline(always)]
-unsafe fn vectors<B: Block, H: Block, const VNNI: bool>(
-    part: &Part<B, H>,
-    h: usize,
-) -> [__m256i; 4] {
-    match (part, VNNI) {
+unsafe fn vectors<B: Block, H: Block, P: Products>(part: &Part<B, H>, h: usize) -> [__m256i; 4] {
+    match (part, P::VNNI) {
         (Part::Whole(x), false) => x.vectors(h),
         (Part::Half(x), false) => x.vectors(h),
         (Part::Whole(x), true) => x.stored(h),
@@ -380,31 +364,31 @@ unsafe fn vectors<B: Block, H: Block, const VNNI: bool>(
     }
 }
 
-/// [`Block::half`], or with `VNNI` [`Block::half_vnni`].
+/// [`Block::half`], or with `vpdpbusd` [`dots`].
 ///
 /// # Safety
-/// As those; with `VNNI`, the CPU must have AVX-VNNI.
+/// As those.
 #[inline(always)]
-unsafe fn half<B: Block, const VNNI: bool>(
+unsafe fn half<B: Block, P: Products>(
     w: &[__m256i; 4],
     s: &B::Scales,
     a: &ActBlock,
     h: usize,
 ) -> __m256i {
-    match VNNI {
-        true => B::half_vnni(w, s, a, h),
+    match P::VNNI {
+        true => dots::<B, P>(w, a, h),
         false => B::half(w, s, a, h),
     }
 }
 
 /// Both halves' sums of a format `B` as one (exact: the formats' bounds keep the total in
-/// range, and wrapping on the way does not change it); with `VNNI`, [`Block::both_vnni`].
+/// range, and wrapping on the way does not change it); with `vpdpbusd`, [`Block::both_vnni`].
 ///
 /// # Safety
 /// The CPU must have AVX2 and FMA.
 #[inline(always)]
-unsafe fn both<B: Block, const VNNI: bool>(s: &B::Scales, lo: __m256i, hi: __m256i) -> __m256i {
-    if VNNI {
+unsafe fn both<B: Block, P: Products>(s: &B::Scales, lo: __m256i, hi: __m256i) -> __m256i {
+    if P::VNNI {
         B::both_vnni(s, lo, hi)
     } else if B::WIDE {
         _mm256_add_epi32(lo, hi)
@@ -418,31 +402,33 @@ unsafe fn both<B: Block, const VNNI: bool>(s: &B::Scales, lo: __m256i, hi: __m25
 /// # Safety
 /// The CPU must have AVX2 and FMA.
 #[inline(always)]
-unsafe fn finish<B: Block, const VNNI: bool>(
+unsafe fn finish<B: Block, P: Products>(
     s: &B::Scales,
     ints: __m256i,
     a: &ActBlock,
     acc: __m256,
 ) -> __m256 {
-    match VNNI {
+    match P::VNNI {
         true => B::scaled_vnni(s, ints, a, acc),
         false => B::scaled(s, B::widen(s, ints), a, acc),
     }
 }
 
-/// The 32-bit products of half `h`'s stored vectors `w` with `a`'s by `vpdpbusd`, from the
-/// storage offset's share taken off ([`ActBlock::offsets`]): the true values' products, exact.
+/// The 32-bit products of half `h`'s stored vectors `w` ([`Block::stored`]) with `a`'s by
+/// `vpdpbusd`, from the storage offset's share taken off ([`ActBlock::offsets`]): the true
+/// values' products, exact, summed per lane (integer scales come later:
+/// [`Block::both_vnni`], [`Block::scaled_vnni`]).
 ///
 /// # Safety
-/// The CPU must have AVX2 and AVX-VNNI; `h < 2`; `a` quantized for AVX-VNNI.
+/// The CPU must have AVX2 and `P`'s `vpdpbusd`; `h < 2`; `a` quantized for `vpdpbusd`.
 #[inline(always)]
-unsafe fn dots<B: Block + ?Sized>(w: &[__m256i; 4], a: &ActBlock, h: usize) -> __m256i {
+unsafe fn dots<B: Block, P: Products>(w: &[__m256i; 4], a: &ActBlock, h: usize) -> __m256i {
     let mut sum = match B::VNNI_OFFSET {
         0 => _mm256_setzero_si256(),
         _ => offsets(a, h),
     };
     for (i, w) in w.iter().enumerate() {
-        sum = _mm256_dpbusd_avx_epi32(sum, *w, act(a, 4 * h + i));
+        sum = P::dpbusd(sum, *w, act(a, 4 * h + i));
     }
     sum
 }
@@ -952,53 +938,109 @@ fn slab(m: usize, kb: usize) -> usize {
     }
 }
 
-/// Weight rows `js` (each `kb` blocks of `w`) against `rows` activation rows
-/// (`acts[r * kb + b]`), in groups of up to [`GROUP`] activation rows, reducing in slabs of
-/// `slab` blocks ([`slab`]).
-///
-/// # Safety
-/// The CPU must have AVX2, FMA and F16C. Slice lengths are checked.
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn tile<B: Block, H: Block<Scales = B::Scales>, const HALF_BY_HALF: bool>(
-    w: &Weights<B, H>,
-    js: Range<usize>,
-    acts: &[ActBlock],
-    kb: usize,
-    slab: usize,
-    rows: usize,
-    out: &mut Tile,
-) {
-    tile_with::<B, H, HALF_BY_HALF, false>(w, js, acts, kb, slab, rows, out)
+/// How the kernels multiply bytes, and the tile function compiled for those instructions.
+pub(super) trait Products {
+    /// Whether the products come from `vpdpbusd` (the activations then carry the offsets as
+    /// [`dots`] takes them) rather than from `vpmaddubsw`.
+    const VNNI: bool;
+
+    /// `acc` plus, per 32-bit lane, the four products of `w`'s unsigned bytes with `a`'s
+    /// signed ones.
+    ///
+    /// # Safety
+    /// The CPU must have the instruction (the implementor's documentation).
+    unsafe fn dpbusd(acc: __m256i, w: __m256i, a: __m256i) -> __m256i;
+
+    /// Weight rows `js` (each `kb` blocks of `w`) against `rows` activation rows
+    /// (`acts[r * kb + b]`), in groups of up to [`GROUP`] activation rows, reducing in slabs
+    /// of `slab` blocks ([`slab`]), compiled for the CPU features these products need.
+    ///
+    /// # Safety
+    /// The CPU must have AVX2, FMA, F16C and the features the implementor names; `acts`
+    /// quantized for these products. Slice lengths are checked.
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn tile<B: Block, H: Block<Scales = B::Scales>, const HALF_BY_HALF: bool>(
+        w: &Weights<B, H>,
+        js: Range<usize>,
+        acts: &[ActBlock],
+        kb: usize,
+        slab: usize,
+        rows: usize,
+        out: &mut Tile,
+    );
 }
 
-/// [`tile`] with `vpdpbusd`.
-///
-/// # Safety
-/// The CPU must have AVX2, FMA, F16C and AVX-VNNI; `acts` quantized for AVX-VNNI. Slice
-/// lengths are checked.
-#[target_feature(enable = "avx2,fma,f16c,avxvnni")]
-unsafe fn tile_vnni<B: Block, H: Block<Scales = B::Scales>, const HALF_BY_HALF: bool>(
-    w: &Weights<B, H>,
-    js: Range<usize>,
-    acts: &[ActBlock],
-    kb: usize,
-    slab: usize,
-    rows: usize,
-    out: &mut Tile,
-) {
-    tile_with::<B, H, HALF_BY_HALF, true>(w, js, acts, kb, slab, rows, out)
+/// Implements [`Products`] for `$p`: `$dpbusd` makes the products if `$vnni`, and the tile is
+/// compiled with `$features` (the only place they are enabled).
+macro_rules! products {
+    ($(
+        $(#[$doc:meta])*
+        $p:ident: $features:literal, $vnni:literal, |$acc:ident, $w:ident, $a:ident| $dpbusd:expr;
+    )*) => {$(
+        $(#[$doc])*
+        pub(super) struct $p;
+
+        impl Products for $p {
+            const VNNI: bool = $vnni;
+
+            #[inline(always)]
+            unsafe fn dpbusd($acc: __m256i, $w: __m256i, $a: __m256i) -> __m256i {
+                $dpbusd
+            }
+
+            #[inline(always)]
+            unsafe fn tile<B: Block, H: Block<Scales = B::Scales>, const HALF_BY_HALF: bool>(
+                w: &Weights<B, H>,
+                js: Range<usize>,
+                acts: &[ActBlock],
+                kb: usize,
+                slab: usize,
+                rows: usize,
+                out: &mut Tile,
+            ) {
+                #[target_feature(enable = $features)]
+                unsafe fn compiled<
+                    B: Block,
+                    H: Block<Scales = B::Scales>,
+                    const HALF_BY_HALF: bool,
+                >(
+                    w: &Weights<B, H>,
+                    js: Range<usize>,
+                    acts: &[ActBlock],
+                    kb: usize,
+                    slab: usize,
+                    rows: usize,
+                    out: &mut Tile,
+                ) {
+                    tile_with::<B, H, HALF_BY_HALF, $p>(w, js, acts, kb, slab, rows, out)
+                }
+                compiled::<B, H, HALF_BY_HALF>(w, js, acts, kb, slab, rows, out)
+            }
+        }
+    )*};
 }
 
-/// [`tile`]'s work, with `vpdpbusd` if `VNNI`.
+products! {
+    /// `vpmaddubsw` and `vpmaddwd`: AVX2, FMA and F16C ([`supported`]).
+    Maddubs: "avx2,fma,f16c", false, |_acc, _w, _a| unreachable!("products by vpmaddubsw");
+    /// `vpdpbusd`, VEX-encoded: AVX-VNNI besides ([`supported_vnni`]).
+    VexDpbusd: "avx2,fma,f16c,avxvnni", true, |acc, w, a| _mm256_dpbusd_avx_epi32(acc, w, a);
+    /// `vpdpbusd` on 32-byte vectors, EVEX-encoded: AVX-512 F, VNNI and VL besides (every
+    /// CPU the AVX-512 family runs on).
+    EvexDpbusd: "avx2,fma,f16c,avx512f,avx512vnni,avx512vl", true,
+        |acc, w, a| _mm256_dpbusd_epi32(acc, w, a);
+}
+
+/// [`Products::tile`]'s work, inlined into each of its compiled versions.
 ///
 /// # Safety
-/// As [`tile`] or [`tile_vnni`].
+/// As [`Products::tile`].
 #[inline(always)]
 unsafe fn tile_with<
     B: Block,
     H: Block<Scales = B::Scales>,
     const HALF_BY_HALF: bool,
-    const VNNI: bool,
+    P: Products,
 >(
     w: &Weights<B, H>,
     js: Range<usize>,
@@ -1019,14 +1061,14 @@ unsafe fn tile_with<
         let acts = &acts[r * kb..(r + n) * kb];
         let js = js.clone();
         match n {
-            1 => group::<B, H, HALF_BY_HALF, VNNI, 1>(w, js, acts, kb, slab, r, out),
-            2 => group::<B, H, HALF_BY_HALF, VNNI, 2>(w, js, acts, kb, slab, r, out),
-            3 => group::<B, H, HALF_BY_HALF, VNNI, 3>(w, js, acts, kb, slab, r, out),
-            4 => group::<B, H, HALF_BY_HALF, VNNI, 4>(w, js, acts, kb, slab, r, out),
-            5 => group::<B, H, HALF_BY_HALF, VNNI, 5>(w, js, acts, kb, slab, r, out),
-            6 => group::<B, H, HALF_BY_HALF, VNNI, 6>(w, js, acts, kb, slab, r, out),
-            7 => group::<B, H, HALF_BY_HALF, VNNI, 7>(w, js, acts, kb, slab, r, out),
-            _ => group::<B, H, HALF_BY_HALF, VNNI, 8>(w, js, acts, kb, slab, r, out),
+            1 => group::<B, H, HALF_BY_HALF, P, 1>(w, js, acts, kb, slab, r, out),
+            2 => group::<B, H, HALF_BY_HALF, P, 2>(w, js, acts, kb, slab, r, out),
+            3 => group::<B, H, HALF_BY_HALF, P, 3>(w, js, acts, kb, slab, r, out),
+            4 => group::<B, H, HALF_BY_HALF, P, 4>(w, js, acts, kb, slab, r, out),
+            5 => group::<B, H, HALF_BY_HALF, P, 5>(w, js, acts, kb, slab, r, out),
+            6 => group::<B, H, HALF_BY_HALF, P, 6>(w, js, acts, kb, slab, r, out),
+            7 => group::<B, H, HALF_BY_HALF, P, 7>(w, js, acts, kb, slab, r, out),
+            _ => group::<B, H, HALF_BY_HALF, P, 8>(w, js, acts, kb, slab, r, out),
         }
         r += n;
     }
@@ -1039,7 +1081,7 @@ unsafe fn tile_with<
 /// slab left them.
 ///
 /// # Safety
-/// The CPU must have AVX2, FMA and F16C, and with `VNNI` AVX-VNNI (and `acts` quantized for
+/// The CPU must have AVX2, FMA and F16C, and what `P` names (and `acts` quantized for
 /// it); `acts` holds `R * kb` blocks, `w` the rows `js` of `kb` blocks each, `js` at most
 /// [`CHUNK`] rows (checked by the caller, [`tile_with`]); `slab > 0`.
 #[inline(always)]
@@ -1047,7 +1089,7 @@ unsafe fn group<
     B: Block,
     H: Block<Scales = B::Scales>,
     const HALF_BY_HALF: bool,
-    const VNNI: bool,
+    P: Products,
     const R: usize,
 >(
     w: &Weights<B, H>,
@@ -1068,22 +1110,22 @@ unsafe fn group<
                 let part = w.block(j, b);
                 let act = |i: usize| &*a.add(i * kb + b);
                 let sc = scales(&part);
-                let half = |w, i, h| half::<B, VNNI>(w, &sc, act(i), h);
-                let lo = vectors::<B, H, VNNI>(&part, 0);
+                let half = |w, i, h| half::<B, P>(w, &sc, act(i), h);
+                let lo = vectors::<B, H, P>(&part, 0);
                 if HALF_BY_HALF {
                     let mut ints: [__m256i; R] = std::array::from_fn(|i| half(&lo, i, 0));
-                    let hi = vectors::<B, H, VNNI>(&part, 1);
+                    let hi = vectors::<B, H, P>(&part, 1);
                     for (i, ints) in ints.iter_mut().enumerate() {
-                        *ints = both::<B, VNNI>(&sc, *ints, half(&hi, i, 1));
+                        *ints = both::<B, P>(&sc, *ints, half(&hi, i, 1));
                     }
                     for (i, acc) in acc.iter_mut().enumerate() {
-                        *acc = finish::<B, VNNI>(&sc, ints[i], act(i), *acc);
+                        *acc = finish::<B, P>(&sc, ints[i], act(i), *acc);
                     }
                 } else {
-                    let hi = vectors::<B, H, VNNI>(&part, 1);
+                    let hi = vectors::<B, H, P>(&part, 1);
                     for (i, acc) in acc.iter_mut().enumerate() {
-                        let ints = both::<B, VNNI>(&sc, half(&lo, i, 0), half(&hi, i, 1));
-                        *acc = finish::<B, VNNI>(&sc, ints, act(i), *acc);
+                        let ints = both::<B, P>(&sc, half(&lo, i, 0), half(&hi, i, 1));
+                        *acc = finish::<B, P>(&sc, ints, act(i), *acc);
                     }
                 }
             }

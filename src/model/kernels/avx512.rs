@@ -14,11 +14,13 @@ use super::{for_each_output, Part, Tile, Weights, MAX_ROWS};
 use std::arch::x86_64::*;
 use std::ops::Range;
 
-/// True if this CPU has the instructions these kernels use.
+/// True if this CPU has the instructions these kernels use (VL for the formats run on AVX2's
+/// layout with 32-byte `vpdpbusd`: every AVX-512 VNNI CPU has it).
 pub(super) fn supported() -> bool {
     is_x86_feature_detected!("avx512f")
         && is_x86_feature_detected!("avx512bw")
         && is_x86_feature_detected!("avx512vnni")
+        && is_x86_feature_detected!("avx512vl")
         && is_x86_feature_detected!("avx2")
 }
 

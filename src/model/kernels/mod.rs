@@ -39,7 +39,7 @@ use std::ops::Range;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Kernels {
-    /// AVX-512 F/BW/VNNI (`vpdpbusd`).
+    /// AVX-512 F/BW/VNNI/VL (`vpdpbusd`).
     Avx512,
     /// AVX2 with FMA, F16C and AVX-VNNI (`vpdpbusd` on 32-byte vectors): AVX2's layout and
     /// bits, in fewer instructions.
@@ -252,29 +252,32 @@ impl Packed {
     }
 
     /// `dst[m x n] = lhs[m x k] x Wᵀ` for `n` weight rows of `k` values (on an AVX-512 machine,
-    /// the formats the AVX-512 kernels lack run on AVX2).
+    /// the formats the AVX-512 kernels lack run on AVX2's layout with AVX-512's `vpdpbusd`).
     ///
     /// Panics if the slices are shorter than the shape says.
     pub fn matmul(&self, mkn: (usize, usize, usize), lhs: &[f32], dst: &mut [f32]) {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: `Packed::new` only packs for a fast family, in the layout of the family that
         // multiplies the format; that family runs on this CPU (checked here; an AVX-512 CPU
-        // that runs that family also runs AVX2: `Kernels::runs_here`), and AVX-VNNI products
-        // run only where the CPU has them. The kernels check the slice lengths.
+        // that runs that family also runs AVX2 and AVX-512 VL: `Kernels::runs_here`), and each
+        // family's products are those it was detected for. The kernels check the lengths.
         unsafe {
             assert!(self.kernels.runs_here());
-            // AVX2's layout, multiplied with VNNI where the family or (for the formats the
-            // AVX-512 family lacks) the CPU has it: the same bits, in fewer instructions.
-            let vnni = match self.kernels {
-                Kernels::AvxVnni => true,
-                Kernels::Avx512 => Kernels::AvxVnni.runs_here(),
-                _ => false,
-            };
+            // AVX2's layout, multiplied with `vpdpbusd` where the family has it: the same bits
+            // in fewer instructions. The AVX-512 family runs the formats it lacks (Q4_0, Q4_1)
+            // with the EVEX form every AVX-512 VNNI CPU has.
             macro_rules! narrow {
                 ($b:expr) => {
-                    match vnni {
-                        true => avx2::matmul::<_, _, true>(&$b.blocks, &$b.tails, mkn, lhs, dst),
-                        false => avx2::matmul::<_, _, false>(&$b.blocks, &$b.tails, mkn, lhs, dst),
+                    match self.kernels {
+                        Kernels::AvxVnni => avx2::matmul::<_, _, avx2::VexDpbusd>(
+                            &$b.blocks, &$b.tails, mkn, lhs, dst,
+                        ),
+                        Kernels::Avx512 => avx2::matmul::<_, _, avx2::EvexDpbusd>(
+                            &$b.blocks, &$b.tails, mkn, lhs, dst,
+                        ),
+                        _ => avx2::matmul::<_, _, avx2::Maddubs>(
+                            &$b.blocks, &$b.tails, mkn, lhs, dst,
+                        ),
                     }
                 };
             }

@@ -168,7 +168,7 @@ fn every_family_the_cpu_runs_is_detected() {
         .collect();
     let has = |f: &str| flags.contains(&f);
     let avx2 = has("avx2") && has("fma") && has("f16c");
-    let avx512 = avx2 && has("avx512f") && has("avx512bw") && has("avx512_vnni");
+    let avx512 = avx2 && has("avx512f") && has("avx512bw") && has("avx512_vnni") && has("avx512vl");
     let want: Vec<Kernels> = [
         (avx512, Kernels::Avx512),
         (avx2 && has("avx_vnni"), Kernels::AvxVnni),
@@ -435,6 +435,8 @@ fn kernel_timing() {
     let w6: Vec<BlockQ6K> = blocks(n * kq / 256, 1);
     let w5: Vec<BlockQ5_0> = blocks(n * k / 32, 1);
     let w8: Vec<BlockQ8_0> = blocks(n * k / 32, 1);
+    let w40: Vec<BlockQ4_0> = blocks(n * k / 32, 1);
+    let w41: Vec<BlockQ4_1> = blocks(n * k / 32, 1);
     let family = match std::env::var(super::KERNELS_ENV) {
         Ok(_) => Kernels::detect().unwrap(),
         Err(_) => Kernels::Avx2,
@@ -448,6 +450,8 @@ fn kernel_timing() {
         ("q6k", Packed::new(Q6K(&w6), kq, family)),
         ("q5_0", Packed::new(Q5_0(&w5), k, family)),
         ("q8_0", Packed::new(Q8_0(&w8), k, family)),
+        ("q4_0", Packed::new(Q4_0(&w40), k, family)),
+        ("q4_1", Packed::new(Q4_1(&w41), k, family)),
     ];
     for (name, p) in &all {
         let k = if name.starts_with("q4k") || name.starts_with("q6k") {
@@ -522,76 +526,91 @@ fn a_non_finite_activation_gives_non_finite_outputs() {
 /// The AVX2 kernels' two orders, half by half over a group's rows (AVX2-only builds) and
 /// whole row by row (builds with AVX-512's registers), give the same bits for every format,
 /// with and without short last blocks, at 1 to 19 activation rows: a build runs only one of
-/// them, so this is where the other is tested. Where the CPU has AVX-VNNI, its products
-/// (`vpdpbusd`) give those bits too, in both orders.
+/// them, so this is where the other is tested. Where the CPU has `vpdpbusd` (AVX-VNNI's VEX
+/// form, AVX-512's EVEX form), its products give those bits too, in both orders.
 #[test]
 #[cfg(target_arch = "x86_64")]
 fn the_avx2_orders_and_vnni_give_the_same_bits() {
+    use avx2::{EvexDpbusd, Maddubs, Products, VexDpbusd};
     if !Kernels::Avx2.runs_here() {
         eprintln!("no AVX2 on this CPU: orders not tested");
         return;
     }
-    let vnni = Kernels::AvxVnni.runs_here();
-    if !vnni {
+    let (vex, evex) = (Kernels::AvxVnni.runs_here(), Kernels::Avx512.runs_here());
+    if !vex {
         eprintln!("no AVX-VNNI on this CPU: its products not tested");
     }
-    fn same<T: GgmlType>(pack: Pack<T>, k: usize, vnni: bool) {
-        let (n, m) = (21, 19);
-        let w: Vec<T> = blocks(n * k / T::BLCK_SIZE, 12);
-        let packed = Packed::new(pack(&w), k, Kernels::Avx2);
+    if !evex {
+        eprintln!("no AVX-512 VNNI on this CPU: its 32-byte products not tested");
+    }
+    /// The bits of `packed` (an AVX2 packing) times `lhs`, in one order and with `P`.
+    fn bits<P: Products, const HALF_BY_HALF: bool>(
+        packed: &Packed,
+        mkn: (usize, usize, usize),
+        lhs: &[f32],
+    ) -> Vec<u32> {
+        let mut dst = vec![0f32; mkn.0 * mkn.2];
+        macro_rules! run {
+            ($($variant:ident),*) => {
+                match &packed.blocks {
+                    $(Blocks::$variant(b) => avx2::matmul_in_order::<_, _, HALF_BY_HALF, P>(
+                        &b.blocks, &b.tails, mkn, lhs, &mut dst,
+                    ),)*
+                    _ => unreachable!("not an AVX2 packing"),
+                }
+            };
+        }
+        // SAFETY: the caller checked that the CPU runs AVX2 and `P`'s products; the kernels
+        // check the lengths.
+        unsafe { run!(Q4KNarrow, Q6KNarrow, Q5_0Planes, Q8_0Narrow, Q4_0, Q4_1) };
+        dst.iter().map(|v| v.to_bits()).collect()
+    }
+    let same = |(dtype, packed): (GgmlDType, Packed), k: usize| {
+        let (packed, n, m) = (&packed, 21, 19);
         let lhs = random(m * k, 13);
         for rows in 1..=m {
-            let mkn = (rows, k, n);
-            let lhs = &lhs[..rows * k];
-            let out = |half_by_half: bool, vnni: bool| {
-                let mut dst = vec![0f32; rows * n];
-                macro_rules! run {
-                    ($($variant:ident),*) => {
-                        match (&packed.blocks, half_by_half, vnni) {
-                            $(
-                                (Blocks::$variant(b), true, false) =>
-                                    avx2::matmul_in_order::<_, _, true, false>(
-                                        &b.blocks, &b.tails, mkn, lhs, &mut dst,
-                                    ),
-                                (Blocks::$variant(b), false, false) =>
-                                    avx2::matmul_in_order::<_, _, false, false>(
-                                        &b.blocks, &b.tails, mkn, lhs, &mut dst,
-                                    ),
-                                (Blocks::$variant(b), true, true) =>
-                                    avx2::matmul_in_order::<_, _, true, true>(
-                                        &b.blocks, &b.tails, mkn, lhs, &mut dst,
-                                    ),
-                                (Blocks::$variant(b), false, true) =>
-                                    avx2::matmul_in_order::<_, _, false, true>(
-                                        &b.blocks, &b.tails, mkn, lhs, &mut dst,
-                                    ),
-                            )*
-                            _ => unreachable!("not an AVX2 packing"),
-                        }
-                    };
-                }
-                // SAFETY: the CPU runs AVX2, and AVX-VNNI where asked (checked above); the
-                // kernels check the lengths.
-                unsafe { run!(Q4KNarrow, Q6KNarrow, Q5_0Planes, Q8_0Narrow, Q4_0, Q4_1) };
-                dst.iter().map(|v| v.to_bits()).collect::<Vec<u32>>()
-            };
-            let what = format!("{:?} k = {k}, {rows} rows", T::DTYPE);
-            let a = out(true, false);
-            assert!(a == out(false, false), "{what}: the orders differ");
+            let (mkn, lhs) = ((rows, k, n), &lhs[..rows * k]);
+            let what = format!("{dtype:?} k = {k}, {rows} rows");
+            let a = bits::<Maddubs, true>(packed, mkn, lhs);
+            assert!(
+                a == bits::<Maddubs, false>(packed, mkn, lhs),
+                "{what}: the orders differ"
+            );
             assert!(a.iter().any(|&v| v != 0), "{what}: all zero");
-            if vnni {
-                assert!(a == out(true, true), "{what}: VNNI half by half differs");
-                assert!(a == out(false, true), "{what}: VNNI row by row differs");
+            if vex {
+                assert!(
+                    a == bits::<VexDpbusd, true>(packed, mkn, lhs),
+                    "{what}: VEX half by half"
+                );
+                assert!(
+                    a == bits::<VexDpbusd, false>(packed, mkn, lhs),
+                    "{what}: VEX row by row"
+                );
+            }
+            if evex {
+                assert!(
+                    a == bits::<EvexDpbusd, true>(packed, mkn, lhs),
+                    "{what}: EVEX half by half"
+                );
+                assert!(
+                    a == bits::<EvexDpbusd, false>(packed, mkn, lhs),
+                    "{what}: EVEX row by row"
+                );
             }
         }
+    };
+    /// 21 weight rows of `k` values of format `T`, in AVX2's layout.
+    fn packed<T: GgmlType>(pack: Pack<T>, k: usize) -> (GgmlDType, Packed) {
+        let w: Vec<T> = blocks(21 * k / T::BLCK_SIZE, 12);
+        (T::DTYPE, Packed::new(pack(&w), k, Kernels::Avx2))
     }
-    same(Q4K, 1536, vnni);
-    same(Q6K, 1536, vnni);
+    same(packed(Q4K, 1536), 1536);
+    same(packed(Q6K, 1536), 1536);
     for k in [896, 2080] {
-        same(Q5_0, k, vnni);
-        same(Q8_0, k, vnni);
-        same(Q4_0, k, vnni);
-        same(Q4_1, k, vnni);
+        same(packed(Q5_0, k), k);
+        same(packed(Q8_0, k), k);
+        same(packed(Q4_0, k), k);
+        same(packed(Q4_1, k), k);
     }
 }
 
