@@ -3,7 +3,8 @@
 # throwaway virtual environment: greedy text equal to `cascade generate`'s (streamed and
 # whole), 4 concurrent clients, 429 on a full queue (clients that left holding no place), 400 on
 # malformed requests, a client that disconnects mid-stream or while queued, JSON errors for unknown endpoints, wrong methods
-# and oversized bodies, a prediction that speeds up an edit, and exit 0 on SIGTERM.
+# and oversized bodies, a prediction that speeds up an edit, CORS headers for the origins
+# `--cors` allows and no other, and exit 0 on SIGTERM.
 # Needs python3 with venv, the release build and the test models (scripts/fetch-models.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -23,9 +24,9 @@ export REF_HI REF_PRIME
 REF_HI=$(reference "Write a haiku about speculative decoding." 48)
 REF_PRIME=$(reference "Write a Python function is_prime(n) with a docstring." 96)
 
-# start PORT CONFIG: a server in the background, waited for until it answers.
+# start PORT CONFIG [ARGS...]: a server in the background, waited for until it answers.
 start() {
-    "$CASCADE" serve -c "$2" --port "$1" --queue 3 --grace 5 2>>"$log" &
+    "$CASCADE" serve -c "$2" --port "$1" --queue 3 --grace 5 "${@:3}" 2>>"$log" &
     pid=$!
     for _ in $(seq 120); do
         curl -sf "http://127.0.0.1:$1/health" >/dev/null && return
@@ -46,9 +47,31 @@ start "$PORT" "$CONFIG"; server=$pid
 # The prediction's effect is measured against a server without a drafter of its own, where
 # tokens per target call are 1 without a prediction (the default config's 0.5B may already
 # predict a plain code answer well, leaving nothing to compare).
-start $((PORT + 1)) configs/autoregressive.toml; plain_server=$pid
+start $((PORT + 1)) configs/autoregressive.toml --cors http://localhost:3000; plain_server=$pid
 BASE="http://127.0.0.1:$PORT/v1" BASE_PLAIN="http://127.0.0.1:$((PORT + 1))/v1" \
     "$venv/bin/python" scripts/server/client_test.py
+
+# CORS: the plain server lets pages from http://localhost:3000 call it (preflight included),
+# and no other origin; the default server lets no page.
+# header PORT ORIGIN NAME [CURL ARGS...]: the response header NAME's value (empty if absent).
+header() {
+    curl -s -o /dev/null -D - -H "Origin: $2" "${@:4}" "http://127.0.0.1:$1/v1/models" \
+        | tr -d '\r' | awk -v name="$3" 'tolower($1) == tolower(name) ":" { print $2 }'
+}
+expect() { [ "$2" = "$3" ] || { echo "CORS: $1: got '$2', expected '$3'"; exit 1; }; }
+plain=$((PORT + 1))
+expect "allowed origin" "$(header $plain http://localhost:3000 access-control-allow-origin)" \
+    http://localhost:3000
+expect "other origin" "$(header $plain http://evil.example access-control-allow-origin)" ""
+expect "without --cors" "$(header "$PORT" http://localhost:3000 access-control-allow-origin)" ""
+preflight=(-X OPTIONS -H "Access-Control-Request-Method: POST"
+    -H "Access-Control-Request-Headers: authorization,content-type")
+expect "preflight origin" \
+    "$(header $plain http://localhost:3000 access-control-allow-origin "${preflight[@]}")" \
+    http://localhost:3000
+expect "preflight headers" \
+    "$(header $plain http://localhost:3000 access-control-allow-headers "${preflight[@]}")" \
+    authorization,content-type
 stop "$plain_server"
 stop "$server"
 echo "server test: all checks passed"

@@ -332,6 +332,7 @@ fn errors_are_reported_without_a_panic() {
         ("--grace", "1e20", "cascade: --grace must be at most 18446744073709551615 seconds, got 100000000000000000000"),
         ("--queue", "100000", "cascade: --queue must be between 1 and 4096, got 100000"),
         ("--queue", "0", "cascade: --queue must be between 1 and 4096, got 0"),
+        ("--cors", "localhost:3000", "cascade: --cors: `localhost:3000` is not an origin: scheme://host[:port], as a browser sends it (e.g. http://localhost:3000), or * for any"),
     ] {
         let (ok, _, err) = cascade(&["serve", flag, value], None);
         assert!(!ok);

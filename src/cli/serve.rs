@@ -4,7 +4,7 @@ use super::{build, label, load_plan};
 use anyhow::{bail, Result};
 use cascade::config::RawConfig;
 use cascade::model::ModelStore;
-use cascade::server::{serve, ServeOptions};
+use cascade::server::{serve, Cors, ServeOptions};
 use clap::Args;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -27,6 +27,10 @@ pub struct ServeArgs {
     /// Seconds running requests may take after SIGINT/SIGTERM before they are cancelled.
     #[arg(long, default_value_t = 30.0)]
     grace: f64,
+    /// Let web pages from this origin call the API from a browser (CORS), e.g.
+    /// http://localhost:3000; repeat for more, or * for any. Off by default.
+    #[arg(long, value_name = "ORIGIN")]
+    cors: Vec<String>,
 }
 
 pub fn serve_command(args: ServeArgs) -> Result<()> {
@@ -49,6 +53,7 @@ pub fn serve_command(args: ServeArgs) -> Result<()> {
             args.queue
         );
     }
+    let cors = Cors::parse(&args.cors)?;
     let raw = RawConfig::load(&args.config)?;
     let plan = load_plan(&args.config, &raw)?;
     if plan.options.lenience != 1.0 {
@@ -62,6 +67,7 @@ pub fn serve_command(args: ServeArgs) -> Result<()> {
         grace,
         model: label(&args.config),
         system: plan.system.clone(),
+        cors,
     };
     let model = opts.model.clone();
     serve(engine, plan.options.clone(), opts, |addr| {

@@ -11,7 +11,7 @@ mod metrics;
 mod worker;
 
 use crate::engine::{Engine, GenerateOptions, Generation};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::tokenizer::Tokenizer;
 use api::{ApiError, Endpoint, Settings};
 use axum::body::Bytes;
@@ -48,6 +48,75 @@ pub struct ServeOptions {
     pub model: String,
     /// The system prompt of chats that bring none (the config's `generation.system`).
     pub system: Option<String>,
+    /// Which web pages may call the API from a browser.
+    pub cors: Cors,
+}
+
+/// Which web pages' scripts a browser lets call the API (CORS): none by default, since any
+/// page the user visits could otherwise spend this machine's cores.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub enum Cors {
+    /// No CORS headers: browsers block other origins' scripts (tools outside a browser are
+    /// not affected).
+    #[default]
+    Off,
+    /// Any origin (`*`).
+    Any,
+    /// These origins (`scheme://host[:port]`).
+    Origins(Vec<String>),
+}
+
+impl Cors {
+    /// From `--cors` values: none is [`Cors::Off`], `*` alone [`Cors::Any`], else origins,
+    /// each `http://` or `https://`, a host and an optional port, nothing after.
+    pub fn parse(values: &[String]) -> Result<Cors> {
+        let bad = |message: String| Err(Error::config("--cors", message));
+        match values {
+            [] => return Ok(Cors::Off),
+            [any] if any == "*" => return Ok(Cors::Any),
+            _ => {}
+        }
+        for v in values {
+            if v == "*" {
+                return bad("`*` allows any origin: give it alone".into());
+            }
+            let host = v
+                .strip_prefix("http://")
+                .or_else(|| v.strip_prefix("https://"));
+            let valid = host.is_some_and(|h| {
+                !h.is_empty()
+                    && !h.contains(['/', '?', '#', '@'])
+                    && h.chars().all(|c| c.is_ascii_graphic())
+            });
+            if !valid {
+                return bad(format!(
+                    "`{v}` is not an origin: scheme://host[:port], as a browser sends it \
+                     (e.g. http://localhost:3000), or * for any"
+                ));
+            }
+        }
+        Ok(Cors::Origins(values.to_vec()))
+    }
+
+    /// The layer that answers preflight requests and marks responses, if any origin is allowed.
+    fn layer(&self) -> Option<tower_http::cors::CorsLayer> {
+        use tower_http::cors::{AllowOrigin, CorsLayer};
+        let origin = match self {
+            Cors::Off => return None,
+            Cors::Any => AllowOrigin::any(),
+            // `parse` admits only visible ASCII, which every header value takes.
+            Cors::Origins(list) => AllowOrigin::list(list.iter().filter_map(|o| o.parse().ok())),
+        };
+        Some(
+            CorsLayer::new()
+                .allow_origin(origin)
+                .allow_methods([axum::http::Method::GET, axum::http::Method::POST])
+                // Whatever headers the page asks for: OpenAI's clients send `Authorization`
+                // (which a `*` would not cover), `Content-Type` and `X-Stainless-*` ones.
+                .allow_headers(tower_http::cors::AllowHeaders::mirror_request())
+                .max_age(Duration::from_secs(600)),
+        )
+    }
 }
 
 /// The channel to the engine holds this many times `--queue` jobs: the waiting ones, and
@@ -121,6 +190,10 @@ pub fn serve(
             )
         })
         .with_state(app);
+    let router = match opts.cors.layer() {
+        Some(cors) => router.layer(cors),
+        None => router,
+    };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
         .enable_all()
@@ -522,4 +595,48 @@ fn stream(
     axum::response::Sse::new(tokio_stream::wrappers::UnboundedReceiverStream::new(sse))
         .keep_alive(KeepAlive::default())
         .into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Cors;
+
+    fn parse(values: &[&str]) -> Result<Cors, String> {
+        let values: Vec<String> = values.iter().map(|v| v.to_string()).collect();
+        Cors::parse(&values).map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn cors_origins_are_parsed_or_refused_with_the_reason() {
+        assert_eq!(parse(&[]), Ok(Cors::Off));
+        assert_eq!(parse(&["*"]), Ok(Cors::Any));
+        assert_eq!(
+            parse(&["http://localhost:3000", "https://chat.example.org"]),
+            Ok(Cors::Origins(vec![
+                "http://localhost:3000".into(),
+                "https://chat.example.org".into()
+            ]))
+        );
+        assert_eq!(
+            parse(&["http://localhost:3000", "*"]),
+            Err("--cors: `*` allows any origin: give it alone".into())
+        );
+        let not_an_origin = |v: &str| {
+            format!(
+                "--cors: `{v}` is not an origin: scheme://host[:port], as a browser sends it \
+                 (e.g. http://localhost:3000), or * for any"
+            )
+        };
+        for v in [
+            "localhost:3000",
+            "http://",
+            "http://localhost:3000/",
+            "https://example.org/chat",
+            "ftp://example.org",
+            "http://exa mple.org",
+            "http://user@example.org",
+        ] {
+            assert_eq!(parse(&[v]), Err(not_an_origin(v)), "{v}");
+        }
+    }
 }
