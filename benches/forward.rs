@@ -13,11 +13,13 @@
 //! - `CASCADE_BENCH_OWN=1`: skips candle-transformers (quicker, for kernel work);
 //! - `CASCADE_BENCH_PREFILL=0`: skips the prefill;
 //! - `CASCADE_BENCH_CONTEXT`: the context the forwards run after (default 64; attention over
-//!   a long context is a large part of a forward).
+//!   a long context is a large part of a forward);
+//! - `CASCADE_BENCH_MODELS`: other GGUF files to time instead of the two, separated by commas
+//!   (such as the Q5_K requantization the tests make in `target/tmp`).
 
 use candle_core::{Device, Tensor};
 use cascade::model::{Kernels, LoadedModel, Model, Transformer};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 /// The context the forwards run after: `CASCADE_BENCH_CONTEXT`, else 64 tokens.
@@ -116,16 +118,26 @@ fn main() {
     let with_prefill = std::env::var("CASCADE_BENCH_PREFILL").as_deref() != Ok("0");
     let families = families();
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("models");
-    let models = [
-        (
-            "1.5B target",
-            root.join("qwen2.5-coder-1.5b-instruct-q4_k_m.gguf"),
-        ),
-        (
-            "0.5B draft",
-            root.join("qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"),
-        ),
-    ];
+    let models: Vec<(String, PathBuf)> = match std::env::var("CASCADE_BENCH_MODELS") {
+        Ok(list) => list
+            .split(',')
+            .map(|p| {
+                let path = PathBuf::from(p.trim());
+                let name = path.file_stem().unwrap_or_default().to_string_lossy();
+                (name.into_owned(), path)
+            })
+            .collect(),
+        Err(_) => vec![
+            (
+                "1.5B target".into(),
+                root.join("qwen2.5-coder-1.5b-instruct-q4_k_m.gguf"),
+            ),
+            (
+                "0.5B draft".into(),
+                root.join("qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"),
+            ),
+        ],
+    };
     println!("CPU: {}", cascade::costs::cpu_name());
     println!(
         "forward over k new tokens after a {}-token context; median of {reps}; {} threads; \
@@ -206,7 +218,7 @@ fn main() {
                 .collect(),
         );
     }
-    if let [target, draft] = &decode[..] {
+    if let ([target, draft], Err(_)) = (&decode[..], std::env::var("CASCADE_BENCH_MODELS")) {
         let c: Vec<String> = target
             .iter()
             .zip(draft)

@@ -93,7 +93,8 @@ fn generate_json_carries_ids_text_and_counters_for_each_sample() {
 }
 
 /// Every kernel family this CPU runs (`CASCADE_KERNELS`: AVX-512, AVX-VNNI, AVX2, and candle's
-/// `vec_dot` as `portable`) gives the same greedy tokens from both real Qwen models. The
+/// `vec_dot` as `portable`) gives the same greedy tokens from both real Qwen models, and from
+/// the 1.5B requantized to Q5_K (`common::q5k_target`). The
 /// families round differently (candle quantizes activations with another scale and rounding;
 /// AVX-512 and AVX2 sum floats in another order), so logits differ by up to ~0.25 and a
 /// near-tie can flip (it does 10 tokens into "def fibonacci(n):\n" on the 1.5B, where the top
@@ -115,14 +116,13 @@ fn greedy_output_is_the_same_with_every_kernel_family() {
         families.len() >= 2 || !cfg!(target_arch = "x86_64"),
         "{families:?}"
     );
-    for model in [
-        "qwen2.5-coder-1.5b-instruct-q4_k_m",
-        "qwen2.5-coder-0.5b-instruct-q4_k_m",
+    let models = common::models_dir();
+    for (model, path) in [
+        ("1.5b", models.join(common::TARGET)),
+        ("0.5b", models.join(common::DRAFT)),
+        ("1.5b-q5_k", common::q5k_target()),
     ] {
         let config = dir.path().join(format!("{model}.toml"));
-        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("models")
-            .join(format!("{model}.gguf"));
         std::fs::write(
             &config,
             format!("[target]\nmodel = {:?}\n", path.display().to_string()),

@@ -5,7 +5,7 @@ mod common;
 
 use cascade::drafter::{Drafter, NeuralDrafter};
 use cascade::engine::{Engine, GenerateOptions, Generation};
-use cascade::model::Model;
+use cascade::model::{LoadedModel, Model};
 use cascade::sampling::Sampling;
 use cascade::stream::TextStream;
 use common::{real, serial, DRAFT, GEMMA3, SMOLLM2, TARGET};
@@ -40,22 +40,26 @@ fn run(e: &mut Engine, prompt: &str, opts: &GenerateOptions) -> Generation {
     e.generate(&encode(prompt), opts, &mut |_| {}).unwrap()
 }
 
+/// On the target and on its Q5_K requantization (`common::q5k_target`).
 #[test]
 fn k_token_forward_equals_k_one_token_forwards_bit_for_bit() {
     let _s = serial();
-    let mut m = real(TARGET).instance("target", None);
-    let prompt = encode(PROMPTS[0]);
-    let next = encode(" if len(arr) <= 1: return arr");
-    m.prefill(&prompt).unwrap();
-    let batch = m.forward(&next).unwrap();
-    m.truncate(prompt.len());
-    for (i, &t) in next.iter().enumerate() {
-        let one = m.forward(&[t]).unwrap();
-        assert!(
-            batch.row(i) == one.row(0),
-            "row {i} differs between the {}-token and the 1-token forward",
-            next.len()
-        );
+    let q5k = LoadedModel::load(&common::q5k_target(), None, &mut |_, _| {}).unwrap();
+    for (name, model) in [(TARGET, real(TARGET)), ("Q5_K", std::sync::Arc::new(q5k))] {
+        let mut m = model.instance("target", None);
+        let prompt = encode(PROMPTS[0]);
+        let next = encode(" if len(arr) <= 1: return arr");
+        m.prefill(&prompt).unwrap();
+        let batch = m.forward(&next).unwrap();
+        m.truncate(prompt.len());
+        for (i, &t) in next.iter().enumerate() {
+            let one = m.forward(&[t]).unwrap();
+            assert!(
+                batch.row(i) == one.row(0),
+                "{name}: row {i} differs between the {}-token and the 1-token forward",
+                next.len()
+            );
+        }
     }
 }
 

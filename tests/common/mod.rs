@@ -145,6 +145,56 @@ pub const DRAFT: &str = "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf";
 pub const SMOLLM2: &str = "smollm2-135m-instruct-q4_1.gguf";
 pub const GEMMA3: &str = "gemma-3-270m-q4_k_m.gguf";
 
+/// The 1.5B target with every Q4_K tensor requantized to Q5_K by candle (dequantized, then
+/// quantized as llama.cpp's `quantize` would): most of a Q5_K_M file's weights are Q5_K, and
+/// none of the shipped test models has any. Made once (about 40 s) in Cargo's directory for
+/// test files, and reused while its source is unchanged.
+pub fn q5k_target() -> PathBuf {
+    use candle_core::quantized::{gguf_file, GgmlDType, QTensor};
+    use candle_core::Device;
+    static MADE: Mutex<()> = Mutex::new(());
+    let _made = MADE.lock().unwrap_or_else(|e| e.into_inner());
+    let source = models_dir().join(TARGET);
+    let size = std::fs::metadata(&source)
+        .unwrap_or_else(|e| panic!("{}: {e} (run scripts/fetch-models.sh)", source.display()))
+        .len();
+    let path = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("qwen2.5-coder-1.5b-q5_k-from-{size}.gguf"));
+    if path.exists() {
+        return path;
+    }
+    let mut file = std::fs::File::open(&source).unwrap();
+    let content = gguf_file::Content::read(&mut file).unwrap();
+    let tensors: Vec<(String, QTensor)> = content
+        .tensor_infos
+        .iter()
+        .map(|(name, info)| {
+            let q = content.tensor(&mut file, name, &Device::Cpu).unwrap();
+            let q = match info.ggml_dtype {
+                GgmlDType::Q4K => {
+                    QTensor::quantize(&q.dequantize(&Device::Cpu).unwrap(), GgmlDType::Q5K).unwrap()
+                }
+                _ => q,
+            };
+            (name.clone(), q)
+        })
+        .collect();
+    let metadata: Vec<_> = content
+        .metadata
+        .iter()
+        .map(|(k, v)| (k.as_str(), v))
+        .collect();
+    let tensors: Vec<_> = tensors.iter().map(|(k, v)| (k.as_str(), v)).collect();
+    // Written aside and renamed, so that an interrupted run leaves no partial file behind.
+    let partial = path.with_extension("partial");
+    let mut out = std::io::BufWriter::new(std::fs::File::create(&partial).unwrap());
+    gguf_file::write(&mut out, &metadata, &tensors).unwrap();
+    std::io::Write::flush(&mut out).unwrap();
+    drop(out);
+    std::fs::rename(&partial, &path).unwrap();
+    path
+}
+
 /// A real model, loaded once per test binary. Missing files fail loudly: the README's test
 /// command fetches them first.
 pub fn real(file: &str) -> Arc<LoadedModel> {

@@ -11,7 +11,8 @@
 //! (8 * 3,810 < 32,768). Weights stored plus an offset (Q6_K 32, Q5_0 16, Q4_0 8) have the
 //! offset's share taken off in 16 bits ([`ActBlock::offsets`]), which leaves the products of
 //! their true values, half as large: eight vectors of Q5_0 and Q4_0 fit, and four of Q6_K
-//! (whose two 16-value halves of a lane have their own scales). Q8_0 weights (signed) take
+//! (whose two 16-value halves of a lane have their own scales) and of Q5_K (values up to 31,
+//! with mins instead of an offset). Q8_0 weights (signed) take
 //! the usual sign transfer (`|w|` times the activation with the sign of `w`) one vector at a
 //! time. Q4_K and Q6_K multiply their integer sub-block scales into the widening itself.
 //!
@@ -39,7 +40,7 @@
 
 use super::layout::{
     HalfQ4_0, HalfQ4_1, HalfQ5_0Planes, HalfQ8_0, PackedQ4K, PackedQ4_0, PackedQ4_1,
-    PackedQ5_0Planes, PackedQ6K, PackedQ8_0, NARROW, QK,
+    PackedQ5KPlanes, PackedQ5_0Planes, PackedQ6K, PackedQ8_0, NARROW, QK,
 };
 use super::{for_each_output, Part, Tile, Weights, CHUNK, MAX_ROWS};
 use std::arch::x86_64::*;
@@ -631,6 +632,46 @@ impl Block for PackedQ4K<NARROW> {
         // The integer scale in floats: a product of integers below 2^24 (at most
         // 32 * 15 * 127 * 63), so exactly the value `widen` gives, in one instruction where a
         // 32-bit integer multiply takes two and ten cycles.
+        q4k_scaled(s, _mm256_mul_ps(_mm256_cvtepi32_ps(ints), s.lanes), a, acc)
+    }
+}
+
+/// Q5_K: Q4_K's scales and mins, values of five bits (0..32, bit 4 in planes as Q5_0's).
+/// Four vectors' 16-bit products fit (4 * 2 * 31 * 127 = 31,496), eight would not, so each
+/// half is widened with the scales on its own.
+impl Block for PackedQ5KPlanes {
+    const WIDE: bool = true;
+    type Scales = ScalesQ4K;
+
+    #[inline(always)]
+    unsafe fn vectors(&self, h: usize) -> [__m256i; 4] {
+        q5_0_vectors::<Whole>(self.low.qs.as_ptr(), self.qh.as_ptr(), h)
+    }
+
+    #[inline(always)]
+    unsafe fn scales(&self) -> ScalesQ4K {
+        self.low.scales()
+    }
+
+    #[inline(always)]
+    unsafe fn half(w: &[__m256i; 4], s: &ScalesQ4K, a: &ActBlock, h: usize) -> __m256i {
+        _mm256_madd_epi16(products(w, a, 4 * h), s.scales)
+    }
+
+    #[inline(always)]
+    unsafe fn widen(_: &ScalesQ4K, ints: __m256i) -> __m256i {
+        ints
+    }
+
+    #[inline(always)]
+    unsafe fn scaled(s: &ScalesQ4K, ints: __m256i, a: &ActBlock, acc: __m256) -> __m256 {
+        // Lane sums stay below 2^24 (32 * 31 * 127 * 63), so the conversion is exact.
+        q4k_scaled(s, _mm256_cvtepi32_ps(ints), a, acc)
+    }
+
+    #[inline(always)]
+    unsafe fn scaled_vnni(s: &ScalesQ4K, ints: __m256i, a: &ActBlock, acc: __m256) -> __m256 {
+        // As Q4_K's: the integer scale as an exact float product.
         q4k_scaled(s, _mm256_mul_ps(_mm256_cvtepi32_ps(ints), s.lanes), a, acc)
     }
 }

@@ -3,12 +3,13 @@
 //! Per 256-value block and activation row: four `vpdpbusd`, one conversion, a multiply and a
 //! fused multiply-add, with the scales applied per 32-bit lane after the integer sums. Formats
 //! stored plus a constant start their integer sums from minus its products (exact, and free);
-//! Q4_K's mins take a second fused multiply-add. Weight blocks are unpacked once for all
+//! Q4_K's and Q5_K's mins take a second fused multiply-add. Weight blocks are unpacked once for all
 //! activation rows; when the activation rows outgrow L1 ([`in_pairs`]), weight rows go in pairs
 //! so that each activation vector is loaded once for both.
 
 use super::layout::{
-    f16_to_f32, HalfQ5_0, HalfQ8_0Wide, PackedQ4K, PackedQ5_0, PackedQ6K, PackedQ8_0, QK, WIDE,
+    f16_to_f32, HalfQ5_0, HalfQ8_0Wide, PackedQ4K, PackedQ5KWide, PackedQ5_0, PackedQ6K,
+    PackedQ8_0, QK, WIDE,
 };
 use super::{for_each_output, Part, Tile, Weights, MAX_ROWS};
 use std::arch::x86_64::*;
@@ -253,6 +254,16 @@ impl Unpack for PackedQ4K<WIDE> {
         let scale = _mm512_mul_ps(_mm512_set1_ps(f16_to_f32(self.d)), pair(0));
         let offset = _mm512_mul_ps(_mm512_set1_ps(f16_to_f32(self.dmin)), pair(8));
         (w, scale, offset)
+    }
+}
+
+impl Unpack for PackedQ5KWide {
+    const OFFSET_LOG2: Option<u32> = None;
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2")]
+    unsafe fn unpack(&self) -> ([__m512i; 4], __m512, __m512) {
+        let (w, scale, offset) = self.low.unpack();
+        (add_high_bits(w, self.qh), scale, offset)
     }
 }
 

@@ -20,7 +20,7 @@
 //! which the tests check), used for embedding lookups and the references.
 
 use candle_core::quantized::k_quants::{
-    BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ6K, BlockQ8_0,
+    BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ5K, BlockQ5_0, BlockQ6K, BlockQ8_0,
 };
 use half::f16;
 
@@ -33,6 +33,14 @@ pub(super) struct Q4K {
     d: u16,
     dmin: u16,
     scales: [u8; 12],
+    qs: [u8; 128],
+}
+#[repr(C)]
+pub(super) struct Q5K {
+    d: u16,
+    dmin: u16,
+    scales: [u8; 12],
+    qh: [u8; 32],
     qs: [u8; 128],
 }
 #[repr(C)]
@@ -115,6 +123,21 @@ pub struct PackedQ4K<const V: usize> {
     pub(super) mins: [u8; 8],
     pub(super) qs: [u8; 128],
 }
+
+/// A Q5_K block: its low four bits, scales and mins as a [`PackedQ4K`], and bit 4 as `H`.
+#[derive(Clone)]
+#[repr(C)]
+pub struct PackedQ5K<const V: usize, H> {
+    pub(super) low: PackedQ4K<V>,
+    pub(super) qh: H,
+}
+
+/// Q5_K for AVX-512: bit 4 of vector `z`'s 64 values as the mask `qh[z]` (one bit per byte,
+/// as [`PackedQ5_0`]).
+pub type PackedQ5KWide = PackedQ5K<WIDE, [u64; 4]>;
+
+/// Q5_K for AVX2: bit 4 in bit planes (as [`PackedQ5_0Planes`]).
+pub type PackedQ5KPlanes = PackedQ5K<NARROW, [u8; 32]>;
 
 /// A Q6_K block: the low four bits as in [`PackedQ4K`], bits 4-5 of vector `z` in bits
 /// `2(z % 4)..2(z % 4) + 2` of `qh[V * (z / 4)..]`; values are stored plus 32; one scale per
@@ -386,6 +409,40 @@ fn q4k_values(b: &Q4K) -> Values {
     out
 }
 
+/// The values (0..32) of a candle Q5_K block: Q4_K's nibbles, and bit 4 of sub-block `s`'s
+/// value `l` at bit `s` of `qh[l]`.
+fn q5k_values(b: &Q5K) -> Values {
+    let mut out = q4k_values(&Q4K {
+        d: b.d,
+        dmin: b.dmin,
+        scales: b.scales,
+        qs: b.qs,
+    });
+    for (v, out) in out.iter_mut().enumerate() {
+        *out |= ((b.qh[v % 32] >> (v / 32)) & 1) << 4;
+    }
+    out
+}
+
+/// Bit 4 of each value, as one mask per `V`-byte vector (bit `byte` of mask `z`).
+fn high_masks(values: &Values) -> [u64; 4] {
+    std::array::from_fn(|z| {
+        (0..WIDE).fold(0, |h, byte| {
+            h | ((values[value_at::<WIDE>(z, byte)] >> 4) as u64) << byte
+        })
+    })
+}
+
+/// Bit 4 of each value in [`NARROW`] bit planes: bit `z` of byte `i` is that of the value at
+/// byte `i` of vector `z`.
+fn high_planes(values: &Values) -> [u8; 32] {
+    std::array::from_fn(|byte| {
+        (0..QK / NARROW).fold(0, |h, z| {
+            h | (values[value_at::<NARROW>(z, byte)] >> 4) << z
+        })
+    })
+}
+
 /// The values plus 32 (0..64) of a candle Q6_K block: per 128 values, four 32-value quarters
 /// taking the low/high nibbles of `ql` and successive bit pairs of `qh`.
 fn q6k_values(b: &Q6K) -> Values {
@@ -498,6 +555,53 @@ impl<const V: usize> PackedBlock for PackedQ4K<V> {
     }
 }
 
+impl<const V: usize, H> PackedQ5K<V, H> {
+    /// `b` repacked, bit 4 stored by `high`.
+    fn new(b: &Q5K, high: impl Fn(&Values) -> H) -> Self {
+        let (sm, values) = (q4k_unpacked_scales(&b.scales), q5k_values(b));
+        let low = PackedQ4K {
+            d: b.d,
+            dmin: b.dmin,
+            scales: sm[..8].try_into().unwrap(),
+            mins: sm[8..].try_into().unwrap(),
+            qs: pack_nibbles::<V>(&values),
+        };
+        Self {
+            low,
+            qh: high(&values),
+        }
+    }
+
+    /// The block as floats, as candle computes them, given bit 4 of each value.
+    fn dequantize_with(&self, y: &mut [f32; QK], high: impl Fn(usize) -> u8) {
+        let low = &self.low;
+        let (d, dmin) = (f16_to_f32(low.d), f16_to_f32(low.dmin));
+        for (v, y) in y.iter_mut().enumerate() {
+            let (sc, m) = (low.scales[v / 32], low.mins[v / 32]);
+            let q = unpack_nibble::<V>(&low.qs, v) | high(v) << 4;
+            *y = d * sc as f32 * q as f32 - dmin * m as f32;
+        }
+    }
+}
+
+impl PackedBlock for PackedQ5KWide {
+    fn dequantize(&self, y: &mut [f32; QK]) {
+        self.dequantize_with(y, |v| {
+            let (z, byte) = slot::<WIDE>(v);
+            ((self.qh[z] >> byte) & 1) as u8
+        })
+    }
+}
+
+impl PackedBlock for PackedQ5KPlanes {
+    fn dequantize(&self, y: &mut [f32; QK]) {
+        self.dequantize_with(y, |v| {
+            let (z, byte) = slot::<NARROW>(v);
+            (self.qh[byte] >> z) & 1
+        })
+    }
+}
+
 impl<const V: usize> PackedQ6K<V> {
     fn new(b: &Q6K) -> Self {
         let values = q6k_values(b);
@@ -531,15 +635,10 @@ impl<const V: usize> PackedBlock for PackedQ6K<V> {
 impl PackedQ5_0 {
     fn new(b: [&Q5_0; 8]) -> Self {
         let values = values8(b, q5_0_values);
-        let qh = std::array::from_fn(|z| {
-            (0..WIDE).fold(0, |h, byte| {
-                h | ((values[value_at::<WIDE>(z, byte)] >> 4) as u64) << byte
-            })
-        });
         Self {
             d: b.map(|b| b.d),
             qs: pack_nibbles::<WIDE>(&values),
-            qh,
+            qh: high_masks(&values),
         }
     }
 }
@@ -557,15 +656,10 @@ impl PackedBlock for PackedQ5_0 {
 impl PackedQ5_0Planes {
     fn new(b: [&Q5_0; 8]) -> Self {
         let values = values8(b, q5_0_values);
-        let qh = std::array::from_fn(|byte| {
-            (0..QK / NARROW).fold(0, |h, z| {
-                h | (values[value_at::<NARROW>(z, byte)] >> 4) << z
-            })
-        });
         Self {
             d: b.map(|b| b.d),
             qs: pack_nibbles::<NARROW>(&values),
-            qh,
+            qh: high_planes(&values),
         }
     }
 }
@@ -640,6 +734,16 @@ impl<const V: usize> PackedBlock for PackedQ4_1<V> {
 
 pub(super) fn pack_q4k<const V: usize>(blocks: &[BlockQ4K]) -> Rows<PackedQ4K<V>> {
     Rows::whole(view::<_, Q4K>(blocks).iter().map(PackedQ4K::new).collect())
+}
+
+pub(super) fn pack_q5k(blocks: &[BlockQ5K]) -> Rows<PackedQ5KWide> {
+    let pack = |b| PackedQ5K::new(b, high_masks);
+    Rows::whole(view::<_, Q5K>(blocks).iter().map(pack).collect())
+}
+
+pub(super) fn pack_q5k_planes(blocks: &[BlockQ5K]) -> Rows<PackedQ5KPlanes> {
+    let pack = |b| PackedQ5K::new(b, high_planes);
+    Rows::whole(view::<_, Q5K>(blocks).iter().map(pack).collect())
 }
 
 pub(super) fn pack_q6k<const V: usize>(blocks: &[BlockQ6K]) -> Rows<PackedQ6K<V>> {

@@ -4,8 +4,8 @@
 //! every weight block once and then run it against all rows, so extra rows cost only their own
 //! multiply-adds, not another pass over the weights (which is what a one-token decode is bound
 //! by). The weights are repacked at load time into the layout of the family that multiplies
-//! them ([`layout`]): AVX-512 VNNI ([`avx512`], Q4_K, Q6_K, Q5_0, Q8_0, on 64-byte vectors)
-//! and AVX2 with FMA and F16C ([`avx2`], the same four plus Q4_0 and Q4_1, on 32-byte
+//! them ([`layout`]): AVX-512 VNNI ([`avx512`], Q4_K, Q5_K, Q6_K, Q5_0, Q8_0, on 64-byte
+//! vectors) and AVX2 with FMA and F16C ([`avx2`], the same five plus Q4_0 and Q4_1, on 32-byte
 //! vectors; on an AVX-512 machine it also runs the formats the AVX-512 family lacks). AVX-VNNI
 //! runs AVX2's layout with `vpdpbusd` for its products, to the same bits.
 //!
@@ -29,7 +29,7 @@ mod avx512;
 
 use crate::error::{Error, Result};
 use candle_core::quantized::k_quants::{
-    BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ6K, BlockQ8_0,
+    BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ5K, BlockQ5_0, BlockQ6K, BlockQ8_0,
 };
 use candle_core::quantized::GgmlDType;
 use layout::{Rows, NARROW, QK, WIDE};
@@ -141,10 +141,12 @@ pub struct Packed {
 /// Repacked blocks, by format and layout: AVX-512's ([`WIDE`]) or AVX2's ([`NARROW`]).
 enum Blocks {
     Q4K(Rows<layout::PackedQ4K<WIDE>>),
+    Q5K(Rows<layout::PackedQ5KWide>),
     Q6K(Rows<layout::PackedQ6K<WIDE>>),
     Q5_0(Rows<layout::PackedQ5_0, layout::HalfQ5_0>),
     Q8_0(Rows<layout::PackedQ8_0<WIDE>, layout::HalfQ8_0Wide>),
     Q4KNarrow(Rows<layout::PackedQ4K<NARROW>>),
+    Q5KPlanes(Rows<layout::PackedQ5KPlanes>),
     Q6KNarrow(Rows<layout::PackedQ6K<NARROW>>),
     Q5_0Planes(Rows<layout::PackedQ5_0Planes, layout::HalfQ5_0Planes>),
     Q8_0Narrow(Rows<layout::PackedQ8_0<NARROW>, layout::HalfQ8_0>),
@@ -157,10 +159,12 @@ macro_rules! each_format {
     ($blocks:expr, $b:ident => $f:expr) => {
         match $blocks {
             Blocks::Q4K($b) => $f,
+            Blocks::Q5K($b) => $f,
             Blocks::Q6K($b) => $f,
             Blocks::Q5_0($b) => $f,
             Blocks::Q8_0($b) => $f,
             Blocks::Q4KNarrow($b) => $f,
+            Blocks::Q5KPlanes($b) => $f,
             Blocks::Q6KNarrow($b) => $f,
             Blocks::Q5_0Planes($b) => $f,
             Blocks::Q8_0Narrow($b) => $f,
@@ -173,6 +177,7 @@ macro_rules! each_format {
 /// The formats the kernels multiply, as candle's blocks.
 pub enum Source<'a> {
     Q4K(&'a [BlockQ4K]),
+    Q5K(&'a [BlockQ5K]),
     Q6K(&'a [BlockQ6K]),
     Q5_0(&'a [BlockQ5_0]),
     Q8_0(&'a [BlockQ8_0]),
@@ -194,10 +199,12 @@ impl Packed {
         let wide = kernels == Kernels::Avx512;
         let blocks = match source {
             Source::Q4K(b) if wide => Blocks::Q4K(layout::pack_q4k(b)),
+            Source::Q5K(b) if wide => Blocks::Q5K(layout::pack_q5k(b)),
             Source::Q6K(b) if wide => Blocks::Q6K(layout::pack_q6k(b)),
             Source::Q5_0(b) if wide => Blocks::Q5_0(layout::pack_q5_0(b, cols)),
             Source::Q8_0(b) if wide => Blocks::Q8_0(layout::pack_q8_0(b, cols)),
             Source::Q4K(b) => Blocks::Q4KNarrow(layout::pack_q4k(b)),
+            Source::Q5K(b) => Blocks::Q5KPlanes(layout::pack_q5k_planes(b)),
             Source::Q6K(b) => Blocks::Q6KNarrow(layout::pack_q6k(b)),
             Source::Q5_0(b) => Blocks::Q5_0Planes(layout::pack_q5_0_planes(b, cols)),
             Source::Q8_0(b) => Blocks::Q8_0Narrow(layout::pack_q8_0_narrow(b, cols)),
@@ -211,6 +218,7 @@ impl Packed {
     pub fn dtype(&self) -> GgmlDType {
         match &self.blocks {
             Blocks::Q4K(_) | Blocks::Q4KNarrow(_) => GgmlDType::Q4K,
+            Blocks::Q5K(_) | Blocks::Q5KPlanes(_) => GgmlDType::Q5K,
             Blocks::Q6K(_) | Blocks::Q6KNarrow(_) => GgmlDType::Q6K,
             Blocks::Q5_0(_) | Blocks::Q5_0Planes(_) => GgmlDType::Q5_0,
             Blocks::Q8_0(_) | Blocks::Q8_0Narrow(_) => GgmlDType::Q8_0,
@@ -225,10 +233,12 @@ impl Packed {
         let kb = cols.div_ceil(QK);
         let blocks = match &self.blocks {
             Blocks::Q4K(b) => Blocks::Q4K(b.select(rows, kb)),
+            Blocks::Q5K(b) => Blocks::Q5K(b.select(rows, kb)),
             Blocks::Q6K(b) => Blocks::Q6K(b.select(rows, kb)),
             Blocks::Q5_0(b) => Blocks::Q5_0(b.select(rows, kb)),
             Blocks::Q8_0(b) => Blocks::Q8_0(b.select(rows, kb)),
             Blocks::Q4KNarrow(b) => Blocks::Q4KNarrow(b.select(rows, kb)),
+            Blocks::Q5KPlanes(b) => Blocks::Q5KPlanes(b.select(rows, kb)),
             Blocks::Q6KNarrow(b) => Blocks::Q6KNarrow(b.select(rows, kb)),
             Blocks::Q5_0Planes(b) => Blocks::Q5_0Planes(b.select(rows, kb)),
             Blocks::Q8_0Narrow(b) => Blocks::Q8_0Narrow(b.select(rows, kb)),
@@ -283,10 +293,12 @@ impl Packed {
             }
             match &self.blocks {
                 Blocks::Q4K(b) => avx512::matmul(&b.blocks, &b.tails, mkn, lhs, dst),
+                Blocks::Q5K(b) => avx512::matmul(&b.blocks, &b.tails, mkn, lhs, dst),
                 Blocks::Q6K(b) => avx512::matmul(&b.blocks, &b.tails, mkn, lhs, dst),
                 Blocks::Q5_0(b) => avx512::matmul(&b.blocks, &b.tails, mkn, lhs, dst),
                 Blocks::Q8_0(b) => avx512::matmul(&b.blocks, &b.tails, mkn, lhs, dst),
                 Blocks::Q4KNarrow(b) => narrow!(b),
+                Blocks::Q5KPlanes(b) => narrow!(b),
                 Blocks::Q6KNarrow(b) => narrow!(b),
                 Blocks::Q5_0Planes(b) => narrow!(b),
                 Blocks::Q8_0Narrow(b) => narrow!(b),

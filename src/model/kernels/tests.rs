@@ -38,10 +38,10 @@ fn blocks<T: GgmlType>(count: usize, seed: u64) -> Vec<T> {
     let size = std::mem::size_of::<T>();
     // Where the f16 scales are: left alone (random bits can be NaN or huge).
     let scales = match T::DTYPE {
-        GgmlDType::Q4K => 0..4,           // d, dmin first
-        GgmlDType::Q6K => size - 2..size, // d last
-        GgmlDType::Q4_1 => 0..4,          // d, m first
-        _ => 0..2,                        // Q4_0, Q5_0, Q8_0: d first
+        GgmlDType::Q4K | GgmlDType::Q5K => 0..4, // d, dmin first
+        GgmlDType::Q6K => size - 2..size,        // d last
+        GgmlDType::Q4_1 => 0..4,                 // d, m first
+        _ => 0..2,                               // Q4_0, Q5_0, Q8_0: d first
     };
     // SAFETY: plain byte blocks.
     let bytes = unsafe { std::slice::from_raw_parts_mut(w.as_mut_ptr() as *mut u8, count * size) };
@@ -58,6 +58,7 @@ fn blocks<T: GgmlType>(count: usize, seed: u64) -> Vec<T> {
 type Pack<T> = fn(&[T]) -> Source<'_>;
 
 const Q4K: Pack<BlockQ4K> = |b| Source::Q4K(b);
+const Q5K: Pack<BlockQ5K> = |b| Source::Q5K(b);
 const Q6K: Pack<BlockQ6K> = |b| Source::Q6K(b);
 const Q5_0: Pack<BlockQ5_0> = |b| Source::Q5_0(b);
 const Q8_0: Pack<BlockQ8_0> = |b| Source::Q8_0(b);
@@ -86,6 +87,7 @@ fn dequantizes_like_candle<T: GgmlType>(pack: Pack<T>, cols: usize) {
 #[test]
 fn repacked_blocks_dequantize_exactly_like_candle() {
     dequantizes_like_candle(Q4K, 512);
+    dequantizes_like_candle(Q5K, 512);
     dequantizes_like_candle(Q6K, 512);
     // 11 blocks of 32 (the last packed block holds 96 values: stored in half size)
     // and 14 (192 values: padded).
@@ -257,6 +259,11 @@ fn q4k_kernels_match_references() {
 }
 
 #[test]
+fn q5k_kernels_match_references() {
+    check(Q5K, 3072, Some(1e-4));
+}
+
+#[test]
 fn q6k_kernels_match_references() {
     check(Q6K, 3072, Some(1e-4));
 }
@@ -346,8 +353,8 @@ fn extreme_values_do_not_overflow_the_16_bit_sums() {
         for (i, b) in bytes.iter_mut().enumerate() {
             let off = i % size;
             let quant = match T::DTYPE {
-                GgmlDType::Q4K => off >= 16, // after d, dmin, scales
-                GgmlDType::Q6K => off < 192, // ql, qh
+                GgmlDType::Q4K | GgmlDType::Q5K => off >= 16, // after d, dmin, scales
+                GgmlDType::Q6K => off < 192,                  // ql, qh
                 GgmlDType::Q8_0 | GgmlDType::Q4_0 => off >= 2,
                 GgmlDType::Q5_0 => off >= 2,
                 GgmlDType::Q4_1 => off >= 4,
@@ -380,6 +387,7 @@ fn extreme_values_do_not_overflow_the_16_bit_sums() {
     }
     for fill in [0xff, 0x00, 0x80, 0x7f] {
         saturated(Q4K, 512, fill);
+        saturated(Q5K, 512, fill);
         saturated(Q6K, 512, fill);
         saturated(Q5_0, 256, fill);
         saturated(Q8_0, 256, fill);
@@ -432,6 +440,7 @@ fn kernel_timing() {
         .unwrap_or(20);
     let kq = k / 256 * 256;
     let w4: Vec<BlockQ4K> = blocks(n * kq / 256, 1);
+    let w5k: Vec<BlockQ5K> = blocks(n * kq / 256, 1);
     let w6: Vec<BlockQ6K> = blocks(n * kq / 256, 1);
     let w5: Vec<BlockQ5_0> = blocks(n * k / 32, 1);
     let w8: Vec<BlockQ8_0> = blocks(n * k / 32, 1);
@@ -447,6 +456,7 @@ fn kernel_timing() {
     }
     let all = [
         ("q4k", Packed::new(Q4K(&w4), kq, family)),
+        ("q5k", Packed::new(Q5K(&w5k), kq, family)),
         ("q6k", Packed::new(Q6K(&w6), kq, family)),
         ("q5_0", Packed::new(Q5_0(&w5), k, family)),
         ("q8_0", Packed::new(Q8_0(&w8), k, family)),
@@ -454,11 +464,7 @@ fn kernel_timing() {
         ("q4_1", Packed::new(Q4_1(&w41), k, family)),
     ];
     for (name, p) in &all {
-        let k = if name.starts_with("q4k") || name.starts_with("q6k") {
-            kq
-        } else {
-            k
-        };
+        let k = if name.ends_with('k') { kq } else { k };
         let mut line = format!("{name} k={k} n={n}:");
         for m in [1usize, 2, 4, 8, 16] {
             let lhs = random(m * k, 2);
@@ -514,6 +520,7 @@ fn a_non_finite_activation_gives_non_finite_outputs() {
         }
     }
     case(Q4K, 512);
+    case(Q5K, 512);
     case(Q6K, 512);
     for k in [352, 512] {
         case(Q5_0, k);
@@ -562,7 +569,7 @@ fn the_avx2_orders_and_vnni_give_the_same_bits() {
         }
         // SAFETY: the caller checked that the CPU runs AVX2 and `P`'s products; the kernels
         // check the lengths.
-        unsafe { run!(Q4KNarrow, Q6KNarrow, Q5_0Planes, Q8_0Narrow, Q4_0, Q4_1) };
+        unsafe { run!(Q4KNarrow, Q5KPlanes, Q6KNarrow, Q5_0Planes, Q8_0Narrow, Q4_0, Q4_1) };
         dst.iter().map(|v| v.to_bits()).collect()
     }
     let same = |(dtype, packed): (GgmlDType, Packed), k: usize| {
@@ -605,6 +612,7 @@ fn the_avx2_orders_and_vnni_give_the_same_bits() {
         (T::DTYPE, Packed::new(pack(&w), k, Kernels::Avx2))
     }
     same(packed(Q4K, 1536), 1536);
+    same(packed(Q5K, 1536), 1536);
     same(packed(Q6K, 1536), 1536);
     for k in [896, 2080] {
         same(packed(Q5_0, k), k);
