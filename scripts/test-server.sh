@@ -53,9 +53,10 @@ BASE="http://127.0.0.1:$PORT/v1" BASE_PLAIN="http://127.0.0.1:$((PORT + 1))/v1" 
 
 # CORS: the plain server lets pages from http://localhost:3000 call it (preflight included),
 # and no other origin; the default server lets no page.
-# header PORT ORIGIN NAME [CURL ARGS...]: the response header NAME's value (empty if absent).
+# header PORT ORIGIN NAME [CURL ARGS...]: the response header NAME's value (empty if absent)
+# for /v1/models, or the PATH given as CURL_PATH.
 header() {
-    curl -s -o /dev/null -D - -H "Origin: $2" "${@:4}" "http://127.0.0.1:$1/v1/models" \
+    curl -s -o /dev/null -D - -H "Origin: $2" "${@:4}" "http://127.0.0.1:$1${CURL_PATH:-/v1/models}" \
         | tr -d '\r' | awk -v name="$3" 'tolower($1) == tolower(name) ":" { print $2 }'
 }
 expect() { [ "$2" = "$3" ] || { echo "CORS: $1: got '$2', expected '$3'"; exit 1; }; }
@@ -66,12 +67,17 @@ expect "other origin" "$(header $plain http://evil.example access-control-allow-
 expect "without --cors" "$(header "$PORT" http://localhost:3000 access-control-allow-origin)" ""
 preflight=(-X OPTIONS -H "Access-Control-Request-Method: POST"
     -H "Access-Control-Request-Headers: authorization,content-type")
+export CURL_PATH=/v1/chat/completions
 expect "preflight origin" \
     "$(header $plain http://localhost:3000 access-control-allow-origin "${preflight[@]}")" \
     http://localhost:3000
 expect "preflight headers" \
     "$(header $plain http://localhost:3000 access-control-allow-headers "${preflight[@]}")" \
     authorization,content-type
+expect "preflight methods" \
+    "$(header $plain http://localhost:3000 access-control-allow-methods "${preflight[@]}")" \
+    GET,POST
+unset CURL_PATH
 stop "$plain_server"
 stop "$server"
 echo "server test: all checks passed"

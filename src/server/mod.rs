@@ -52,23 +52,26 @@ pub struct ServeOptions {
     pub cors: Cors,
 }
 
-/// Which web pages' scripts a browser lets call the API (CORS): none by default, since any
-/// page the user visits could otherwise spend this machine's cores.
+/// Which web pages' scripts a browser lets read the API's answers and send it JSON requests
+/// (CORS): none by default.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub enum Cors {
-    /// No CORS headers: browsers block other origins' scripts (tools outside a browser are
-    /// not affected).
+    /// No CORS headers: browsers keep other origins' scripts from reading the answers and from
+    /// sending JSON-typed requests (tools outside a browser are not affected).
     #[default]
     Off,
     /// Any origin (`*`).
     Any,
-    /// These origins (`scheme://host[:port]`).
+    /// These origins, as browsers send them (`scheme://host[:port]`, lowercase, no default
+    /// port).
     Origins(Vec<String>),
 }
 
 impl Cors {
     /// From `--cors` values: none is [`Cors::Off`], `*` alone [`Cors::Any`], else origins,
-    /// each `http://` or `https://`, a host and an optional port, nothing after.
+    /// each `http://` or `https://`, a host and an optional port (1-65535), nothing after;
+    /// written as a browser sends them (lowercase, without the scheme's default port), since
+    /// they are compared byte for byte.
     pub fn parse(values: &[String]) -> Result<Cors> {
         let bad = |message: String| Err(Error::config("--cors", message));
         match values {
@@ -76,26 +79,22 @@ impl Cors {
             [any] if any == "*" => return Ok(Cors::Any),
             _ => {}
         }
+        let mut origins = Vec::new();
         for v in values {
             if v == "*" {
                 return bad("`*` allows any origin: give it alone".into());
             }
-            let host = v
-                .strip_prefix("http://")
-                .or_else(|| v.strip_prefix("https://"));
-            let valid = host.is_some_and(|h| {
-                !h.is_empty()
-                    && !h.contains(['/', '?', '#', '@'])
-                    && h.chars().all(|c| c.is_ascii_graphic())
-            });
-            if !valid {
-                return bad(format!(
-                    "`{v}` is not an origin: scheme://host[:port], as a browser sends it \
-                     (e.g. http://localhost:3000), or * for any"
-                ));
+            match origin(v) {
+                Some(o) => origins.push(o),
+                None => {
+                    return bad(format!(
+                        "`{v}` is not an origin: scheme://host[:port], as a browser sends it \
+                         (e.g. http://localhost:3000), or * for any"
+                    ))
+                }
             }
         }
-        Ok(Cors::Origins(values.to_vec()))
+        Ok(Cors::Origins(origins))
     }
 
     /// The layer that answers preflight requests and marks responses, if any origin is allowed.
@@ -597,6 +596,58 @@ fn stream(
         .into_response()
 }
 
+/// `v` as a browser writes an origin (`http` or `https`, a host, an optional port; lowercase,
+/// the scheme's default port left out), or `None` if it is not one.
+fn origin(v: &str) -> Option<String> {
+    let v = v.to_ascii_lowercase();
+    let (scheme, rest) = v.split_once("://")?;
+    let default_port = match scheme {
+        "http" => 80,
+        "https" => 443,
+        _ => return None,
+    };
+    if rest.contains(['/', '?', '#', '@']) || !rest.chars().all(|c| c.is_ascii_graphic()) {
+        return None;
+    }
+    // The host, then an optional port (an IPv6 host is in brackets).
+    let (host, port) = match rest.strip_prefix('[') {
+        Some(inner) => {
+            let (ip, after) = inner.split_once(']')?;
+            if ip.is_empty() || ip.contains('[') {
+                return None;
+            }
+            let port = match after {
+                "" => None,
+                p => Some(p.strip_prefix(':')?),
+            };
+            (format!("[{ip}]"), port)
+        }
+        None => {
+            let (host, port) = match rest.split_once(':') {
+                Some((host, port)) => (host, Some(port)),
+                None => (rest, None),
+            };
+            if host.is_empty() || host.contains(['[', ']']) {
+                return None;
+            }
+            (host.to_string(), port)
+        }
+    };
+    match port {
+        None => Some(format!("{scheme}://{host}")),
+        Some(p) => {
+            let port: u16 = p
+                .parse()
+                .ok()
+                .filter(|&n| n > 0 && p.bytes().all(|b| b.is_ascii_digit()))?;
+            Some(match port == default_port {
+                true => format!("{scheme}://{host}"),
+                false => format!("{scheme}://{host}:{port}"),
+            })
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::Cors;
@@ -635,8 +686,32 @@ mod tests {
             "ftp://example.org",
             "http://exa mple.org",
             "http://user@example.org",
+            "http://localhost:",
+            "http://localhost:abc",
+            "http://localhost:0",
+            "http://localhost:65536",
+            "http://localhost:+80",
+            "http://[::1",
+            "http://[]:80",
+            "http://[::1]x",
         ] {
             assert_eq!(parse(&[v]), Err(not_an_origin(v)), "{v}");
+        }
+        // As a browser writes them: lowercase, without the scheme's default port.
+        for (given, origin) in [
+            ("HTTP://LocalHost:3000", "http://localhost:3000"),
+            ("https://example.org:443", "https://example.org"),
+            ("http://example.org:80", "http://example.org"),
+            ("http://example.org:443", "http://example.org:443"),
+            ("http://[::1]:8080", "http://[::1]:8080"),
+            ("http://[::1]", "http://[::1]"),
+            ("http://127.0.0.1:03000", "http://127.0.0.1:3000"),
+        ] {
+            assert_eq!(
+                parse(&[given]),
+                Ok(Cors::Origins(vec![origin.into()])),
+                "{given}"
+            );
         }
     }
 }

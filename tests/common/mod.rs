@@ -185,8 +185,9 @@ pub fn q5k_target() -> PathBuf {
         .map(|(k, v)| (k.as_str(), v))
         .collect();
     let tensors: Vec<_> = tensors.iter().map(|(k, v)| (k.as_str(), v)).collect();
-    // Written aside and renamed, so that an interrupted run leaves no partial file behind.
-    let partial = path.with_extension("partial");
+    // Written aside and renamed, so that an interrupted run leaves no partial file behind (and
+    // test binaries run at once each write their own).
+    let partial = path.with_extension(format!("partial-{}", std::process::id()));
     let mut out = std::io::BufWriter::new(std::fs::File::create(&partial).unwrap());
     gguf_file::write(&mut out, &metadata, &tensors).unwrap();
     std::io::Write::flush(&mut out).unwrap();

@@ -14,7 +14,7 @@
 //! (whose two 16-value halves of a lane have their own scales) and of Q5_K (values up to 31,
 //! with mins instead of an offset). Q8_0 weights (signed) take
 //! the usual sign transfer (`|w|` times the activation with the sign of `w`) one vector at a
-//! time. Q4_K and Q6_K multiply their integer sub-block scales into the widening itself.
+//! time. Q4_K, Q5_K and Q6_K multiply their integer sub-block scales into the widening itself.
 //!
 //! A weight block is unpacked into registers once, in two halves of four vectors
 //! ([`Block::vectors`]), multiplied by every activation row's ([`Block::half`]) and the sum of
@@ -28,7 +28,7 @@
 //! CPUs with AVX-VNNI (Intel's 12th generation and later) run the same layout with
 //! `vpdpbusd`, which multiplies, adds and widens in one instruction: the [`AvxVnni`] family.
 //! Each half's products then go straight into 32-bit lanes, starting from the storage offset's
-//! share taken off ([`ActBlock::offsets`]); Q4_K's and Q6_K's integer sub-block scales are
+//! share taken off ([`ActBlock::offsets`]); the K-quants' integer sub-block scales are
 //! applied as float products, exact for sums below 2^24, instead of 32-bit integer multiplies
 //! (two instructions and ten cycles each). The sums are the same exact integers, and the float
 //! steps are shared, so both families give the same bits (tested). The AVX-512 family runs

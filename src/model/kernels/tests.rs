@@ -65,7 +65,8 @@ const Q8_0: Pack<BlockQ8_0> = |b| Source::Q8_0(b);
 const Q4_0: Pack<BlockQ4_0> = |b| Source::Q4_0(b);
 const Q4_1: Pack<BlockQ4_1> = |b| Source::Q4_1(b);
 
-/// Every packing (AVX-512's and AVX2's differ for Q5_0), whether or not this CPU runs it.
+/// Every packing (AVX-512's and AVX2's differ for Q5_0 and Q5_K), whether or not this CPU runs
+/// it.
 const PACKINGS: [Kernels; 2] = [Kernels::Avx512, Kernels::Avx2];
 
 fn dequantizes_like_candle<T: GgmlType>(pack: Pack<T>, cols: usize) {
