@@ -663,16 +663,15 @@ impl Block for PackedQ5KPlanes {
         ints
     }
 
+    /// As Q4_K's (lane sums stay below 2^24: 32 * 31 * 127 * 63, so conversions are exact).
     #[inline(always)]
     unsafe fn scaled(s: &ScalesQ4K, ints: __m256i, a: &ActBlock, acc: __m256) -> __m256 {
-        // Lane sums stay below 2^24 (32 * 31 * 127 * 63), so the conversion is exact.
-        q4k_scaled(s, _mm256_cvtepi32_ps(ints), a, acc)
+        PackedQ4K::<NARROW>::scaled(s, ints, a, acc)
     }
 
     #[inline(always)]
     unsafe fn scaled_vnni(s: &ScalesQ4K, ints: __m256i, a: &ActBlock, acc: __m256) -> __m256 {
-        // As Q4_K's: the integer scale as an exact float product.
-        q4k_scaled(s, _mm256_mul_ps(_mm256_cvtepi32_ps(ints), s.lanes), a, acc)
+        PackedQ4K::<NARROW>::scaled_vnni(s, ints, a, acc)
     }
 }
 

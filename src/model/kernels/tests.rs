@@ -573,37 +573,35 @@ fn the_avx2_orders_and_vnni_give_the_same_bits() {
         unsafe { run!(Q4KNarrow, Q5KPlanes, Q6KNarrow, Q5_0Planes, Q8_0Narrow, Q4_0, Q4_1) };
         dst.iter().map(|v| v.to_bits()).collect()
     }
+    /// [`bits`] half by half, then row by row.
+    fn orders<P: Products>(
+        packed: &Packed,
+        mkn: (usize, usize, usize),
+        lhs: &[f32],
+    ) -> [Vec<u32>; 2] {
+        [
+            bits::<P, true>(packed, mkn, lhs),
+            bits::<P, false>(packed, mkn, lhs),
+        ]
+    }
     let same = |(dtype, packed): (GgmlDType, Packed), k: usize| {
         let (packed, n, m) = (&packed, 21, 19);
         let lhs = random(m * k, 13);
         for rows in 1..=m {
             let (mkn, lhs) = ((rows, k, n), &lhs[..rows * k]);
             let what = format!("{dtype:?} k = {k}, {rows} rows");
-            let a = bits::<Maddubs, true>(packed, mkn, lhs);
-            assert!(
-                a == bits::<Maddubs, false>(packed, mkn, lhs),
-                "{what}: the orders differ"
-            );
+            let [a, row_by_row] = orders::<Maddubs>(packed, mkn, lhs);
+            assert!(a == row_by_row, "{what}: the orders differ");
             assert!(a.iter().any(|&v| v != 0), "{what}: all zero");
+            let same_as_a = |products: &str, [half, row]: [Vec<u32>; 2]| {
+                assert!(half == a, "{what}: {products} half by half differs");
+                assert!(row == a, "{what}: {products} row by row differs");
+            };
             if vex {
-                assert!(
-                    a == bits::<VexDpbusd, true>(packed, mkn, lhs),
-                    "{what}: VEX half by half"
-                );
-                assert!(
-                    a == bits::<VexDpbusd, false>(packed, mkn, lhs),
-                    "{what}: VEX row by row"
-                );
+                same_as_a("VEX", orders::<VexDpbusd>(packed, mkn, lhs));
             }
             if evex {
-                assert!(
-                    a == bits::<EvexDpbusd, true>(packed, mkn, lhs),
-                    "{what}: EVEX half by half"
-                );
-                assert!(
-                    a == bits::<EvexDpbusd, false>(packed, mkn, lhs),
-                    "{what}: EVEX row by row"
-                );
+                same_as_a("EVEX", orders::<EvexDpbusd>(packed, mkn, lhs));
             }
         }
     };
