@@ -118,7 +118,8 @@ fn main() {
     let with_prefill = std::env::var("CASCADE_BENCH_PREFILL").as_deref() != Ok("0");
     let families = families();
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("models");
-    let models: Vec<(String, PathBuf)> = match std::env::var("CASCADE_BENCH_MODELS") {
+    let custom = std::env::var("CASCADE_BENCH_MODELS");
+    let models: Vec<(String, PathBuf)> = match &custom {
         Ok(list) => list
             .split(',')
             .map(|p| {
@@ -150,10 +151,11 @@ fn main() {
     let mut decode: Vec<Vec<(String, f64)>> = Vec::new();
     for (label, path) in &models {
         if !path.is_file() {
-            eprintln!(
-                "skipping {label}: {} missing (run scripts/fetch-models.sh)",
-                path.display()
-            );
+            let hint = match custom {
+                Ok(_) => "named in CASCADE_BENCH_MODELS",
+                Err(_) => "run scripts/fetch-models.sh",
+            };
+            eprintln!("skipping {label}: {} missing ({hint})", path.display());
             continue;
         }
         let mut instances: Vec<(Kernels, Transformer)> = families
@@ -218,7 +220,7 @@ fn main() {
                 .collect(),
         );
     }
-    if let ([target, draft], Err(_)) = (&decode[..], std::env::var("CASCADE_BENCH_MODELS")) {
+    if let ([target, draft], Err(_)) = (&decode[..], &custom) {
         let c: Vec<String> = target
             .iter()
             .zip(draft)

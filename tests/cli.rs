@@ -93,8 +93,9 @@ fn generate_json_carries_ids_text_and_counters_for_each_sample() {
 }
 
 /// Every kernel family this CPU runs (`CASCADE_KERNELS`: AVX-512, AVX-VNNI, AVX2, and candle's
-/// `vec_dot` as `portable`) gives the same greedy tokens from both real Qwen models, and from
-/// the 1.5B requantized to Q5_K (`common::q5k_target`). The
+/// `vec_dot` as `portable`) gives the same greedy tokens from both real Qwen models, from
+/// the 1.5B requantized to Q5_K (`common::q5k_target`) and the 0.5B to Q5_1
+/// (`common::q5_1_draft`). The
 /// families round differently (candle quantizes activations with another scale and rounding;
 /// AVX-512 and AVX2 sum floats in another order), so logits differ by up to ~0.25 and a
 /// near-tie can flip (it does 10 tokens into "def fibonacci(n):\n" on the 1.5B, where the top
@@ -121,6 +122,7 @@ fn greedy_output_is_the_same_with_every_kernel_family() {
         ("1.5b", models.join(common::TARGET)),
         ("0.5b", models.join(common::DRAFT)),
         ("1.5b-q5_k", common::q5k_target()),
+        ("0.5b-q5_1", common::q5_1_draft()),
     ] {
         let config = dir.path().join(format!("{model}.toml"));
         std::fs::write(

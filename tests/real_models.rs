@@ -40,12 +40,19 @@ fn run(e: &mut Engine, prompt: &str, opts: &GenerateOptions) -> Generation {
     e.generate(&encode(prompt), opts, &mut |_| {}).unwrap()
 }
 
-/// On the target and on its Q5_K requantization (`common::q5k_target`).
+/// On the target, on its Q5_K requantization (`common::q5k_target`) and on the draft's Q5_1
+/// one (`common::q5_1_draft`).
 #[test]
 fn k_token_forward_equals_k_one_token_forwards_bit_for_bit() {
     let _s = serial();
-    let q5k = LoadedModel::load(&common::q5k_target(), None, &mut |_, _| {}).unwrap();
-    for (name, model) in [(TARGET, real(TARGET)), ("Q5_K", std::sync::Arc::new(q5k))] {
+    let load = |path: std::path::PathBuf| {
+        std::sync::Arc::new(LoadedModel::load(&path, None, &mut |_, _| {}).unwrap())
+    };
+    for (name, model) in [
+        (TARGET, real(TARGET)),
+        ("Q5_K", load(common::q5k_target())),
+        ("Q5_1", load(common::q5_1_draft())),
+    ] {
         let mut m = model.instance("target", None);
         let prompt = encode(PROMPTS[0]);
         let next = encode(" if len(arr) <= 1: return arr");

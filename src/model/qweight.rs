@@ -3,7 +3,7 @@
 //! A forward over k tokens must give, bit for bit, the logits of k one-token forwards: greedy
 //! speculative decoding then equals greedy autoregressive decoding by construction, not by
 //! luck with near-ties. Both paths keep that property:
-//! - [`kernels`](super::kernels) (Q4_K, Q5_K, Q6_K, Q5_0, Q8_0, Q4_0 and Q4_1 repacked at load
+//! - [`kernels`](super::kernels) (Q4_K, Q5_K, Q6_K, Q5_0, Q8_0, Q4_0, Q4_1 and Q5_1 repacked at load
 //!   time, on CPUs with AVX2 or AVX-512 VNNI) unpack each weight block once for all activation
 //!   rows, which is what makes verifying k draft tokens cheaper than k decode steps;
 //! - otherwise candle's `vec_dot`: every output element is one dot product of a weight row
@@ -78,7 +78,7 @@ enum Storage {
 impl QWeight {
     /// Reads tensor `name` described by `info` from a GGUF file, for the `kernels` family.
     ///
-    /// With a fast family, Q4_K, Q5_K, Q6_K, Q5_0, Q8_0, Q4_0 and Q4_1 weights are repacked for
+    /// With a fast family, Q4_K, Q5_K, Q6_K, Q5_0, Q8_0, Q4_0, Q4_1 and Q5_1 weights are repacked for
     /// it.
     /// With the portable one, Q5_0 is widened losslessly to Q8_0: a Q5_0 value is a 5-bit integer times the
     /// block scale, which Q8_0 holds exactly with the same scale, and candle's Q8_0 dot product
@@ -121,6 +121,7 @@ impl QWeight {
                 GgmlDType::Q8_0 => pack(Source::Q8_0(read_into(reader, n_blocks, scratch)?)),
                 GgmlDType::Q4_0 => pack(Source::Q4_0(read_into(reader, n_blocks, scratch)?)),
                 GgmlDType::Q4_1 => pack(Source::Q4_1(read_into(reader, n_blocks, scratch)?)),
+                GgmlDType::Q5_1 => pack(Source::Q5_1(read_into(reader, n_blocks, scratch)?)),
                 _ => None,
             };
             if let Some(p) = packed {

@@ -145,21 +145,50 @@ pub const DRAFT: &str = "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf";
 pub const SMOLLM2: &str = "smollm2-135m-instruct-q4_1.gguf";
 pub const GEMMA3: &str = "gemma-3-270m-q4_k_m.gguf";
 
-/// The 1.5B target with every Q4_K tensor requantized to Q5_K by candle (dequantized, then
-/// quantized as llama.cpp's `quantize` would): most of a Q5_K_M file's weights are Q5_K, and
-/// none of the shipped test models has any. Made once (about 40 s) in Cargo's directory for
-/// test files, and reused while its source is unchanged.
+/// The 1.5B target with every Q4_K tensor requantized to Q5_K: most of a Q5_K_M file's
+/// weights are Q5_K, and none of the shipped test models has any ([`requantized`]).
 pub fn q5k_target() -> PathBuf {
-    use candle_core::quantized::{gguf_file, GgmlDType, QTensor};
+    use candle_core::quantized::GgmlDType;
+    requantized(
+        TARGET,
+        "qwen2.5-coder-1.5b-q5_k",
+        GgmlDType::Q4K,
+        GgmlDType::Q5K,
+    )
+}
+
+/// The 0.5B draft with every Q5_0 tensor requantized to Q5_1: a Q5_K_M file of a model whose
+/// widths are not multiples of 256 (the 0.5B's 896) stores most matrices as Q5_1, as its
+/// Q4_K_M stores them as Q5_0, and none of the shipped test models has any ([`requantized`]).
+pub fn q5_1_draft() -> PathBuf {
+    use candle_core::quantized::GgmlDType;
+    requantized(
+        DRAFT,
+        "qwen2.5-coder-0.5b-q5_1",
+        GgmlDType::Q5_0,
+        GgmlDType::Q5_1,
+    )
+}
+
+/// Model `file` with every tensor of type `from` requantized to `to` by candle (dequantized,
+/// then quantized as llama.cpp's `quantize` would). Made once (up to about 40 s) in Cargo's
+/// directory for test files as `{name}-from-{source size}.gguf`, and reused while its source
+/// is unchanged.
+fn requantized(
+    file: &str,
+    name: &str,
+    from: candle_core::quantized::GgmlDType,
+    to: candle_core::quantized::GgmlDType,
+) -> PathBuf {
+    use candle_core::quantized::{gguf_file, QTensor};
     use candle_core::Device;
     static MADE: Mutex<()> = Mutex::new(());
     let _made = MADE.lock().unwrap_or_else(|e| e.into_inner());
-    let source = models_dir().join(TARGET);
+    let source = models_dir().join(file);
     let size = std::fs::metadata(&source)
         .unwrap_or_else(|e| panic!("{}: {e} (run scripts/fetch-models.sh)", source.display()))
         .len();
-    let path = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
-        .join(format!("qwen2.5-coder-1.5b-q5_k-from-{size}.gguf"));
+    let path = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("{name}-from-{size}.gguf"));
     if path.exists() {
         return path;
     }
@@ -171,8 +200,8 @@ pub fn q5k_target() -> PathBuf {
         .map(|(name, info)| {
             let q = content.tensor(&mut file, name, &Device::Cpu).unwrap();
             let q = match info.ggml_dtype {
-                GgmlDType::Q4K => {
-                    QTensor::quantize(&q.dequantize(&Device::Cpu).unwrap(), GgmlDType::Q5K).unwrap()
+                d if d == from => {
+                    QTensor::quantize(&q.dequantize(&Device::Cpu).unwrap(), to).unwrap()
                 }
                 _ => q,
             };

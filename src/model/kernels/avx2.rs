@@ -11,8 +11,8 @@
 //! (8 * 3,810 < 32,768). Weights stored plus an offset (Q6_K 32, Q5_0 16, Q4_0 8) have the
 //! offset's share taken off in 16 bits ([`ActBlock::offsets`]), which leaves the products of
 //! their true values, half as large: eight vectors of Q5_0 and Q4_0 fit, and four of Q6_K
-//! (whose two 16-value halves of a lane have their own scales) and of Q5_K (values up to 31,
-//! with mins instead of an offset). Q8_0 weights (signed) take
+//! (whose two 16-value halves of a lane have their own scales), of Q5_K and of Q5_1 (values
+//! up to 31, with mins instead of an offset), which widen each half. Q8_0 weights (signed) take
 //! the usual sign transfer (`|w|` times the activation with the sign of `w`) one vector at a
 //! time. Q4_K, Q5_K and Q6_K multiply their integer sub-block scales into the widening itself.
 //!
@@ -32,15 +32,16 @@
 //! applied as float products, exact for sums below 2^24, instead of 32-bit integer multiplies
 //! (two instructions and ten cycles each). The sums are the same exact integers, and the float
 //! steps are shared, so both families give the same bits (tested). The AVX-512 family runs
-//! the formats it has no kernels of its own for (Q4_0, Q4_1) the same way, with the EVEX
+//! the formats it has no kernels of its own for (Q4_0, Q4_1, Q5_1) the same way, with the EVEX
 //! encoding of `vpdpbusd` that every AVX-512 VNNI CPU has (Cascade Lake, Ice Lake and Zen 4
 //! have no AVX-VNNI). Which instruction makes the products is a [`Products`] type.
 //!
 //! [`AvxVnni`]: super::Kernels::AvxVnni
 
 use super::layout::{
-    HalfQ4_0, HalfQ4_1, HalfQ5_0Planes, HalfQ8_0, PackedQ4K, PackedQ4_0, PackedQ4_1,
-    PackedQ5KPlanes, PackedQ5_0Planes, PackedQ6K, PackedQ8_0, NARROW, QK,
+    HalfQ4_0, HalfQ4_1, HalfQ5_0Planes, HalfQ5_1Planes, HalfQ8_0, PackedQ4K, PackedQ4_0,
+    PackedQ4_1, PackedQ5KPlanes, PackedQ5_0Planes, PackedQ5_1Planes, PackedQ6K, PackedQ8_0, NARROW,
+    QK,
 };
 use super::{for_each_output, Part, Tile, Weights, CHUNK, MAX_ROWS};
 use std::arch::x86_64::*;
@@ -134,7 +135,7 @@ unsafe fn scales<B: Block, H: Block<Scales = B::Scales>>(part: &Part<B, H>) -> B
 ///
 /// Formats with one weight scale per 256 values (Q4_K, Q6_K) take one activation scale per
 /// block, as the AVX-512 kernels and candle's Q8_K do. Formats with one scale per 32 (Q4_0,
-/// Q4_1, Q5_0, Q8_0) take one per 32 values, as llama.cpp's Q8_0 and Q8_1 do: an outlier
+/// Q4_1, Q5_0, Q5_1, Q8_0) take one per 32 values, as llama.cpp's Q8_0 and Q8_1 do: an outlier
 /// activation then coarsens only its own 32 values, not all 256.
 #[repr(C, align(32))]
 pub(super) struct ActBlock {
@@ -540,8 +541,8 @@ unsafe fn nibbles<L: Lanes>(qs: *const u8, h: usize) -> [__m256i; 4] {
     ]
 }
 
-/// The scales of a format with one per 32 values (Q4_0, Q4_1, Q5_0, Q8_0): the scale per lane
-/// and (Q4_1) the min per unit of activation sum.
+/// The scales of a format with one per 32 values (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0): the scale per lane
+/// and (Q4_1, Q5_1) the min per unit of activation sum.
 #[derive(Clone, Copy)]
 pub(super) struct Scales32 {
     scale: __m256,
@@ -773,7 +774,7 @@ impl Block for PackedQ6K<NARROW> {
     }
 }
 
-/// Half `h` of a Q5_0 block stored from `qs` and `qh` with lanes `L`.
+/// Half `h` of a Q5_0 or Q5_1 block stored from `qs` and `qh` with lanes `L`.
 ///
 /// # Safety
 /// The CPU must have AVX2; the pointers are the block's fields; `h < 2`.
@@ -838,7 +839,7 @@ unsafe fn widen32<const WIDE: bool>(ints: __m256i) -> __m256i {
     }
 }
 
-/// A per-32 format's widened sums scaled, and with `MIN` (Q4_1) the min added.
+/// A per-32 format's widened sums scaled, and with `MIN` (Q4_1, Q5_1) the min added.
 ///
 /// # Safety
 /// The CPU must have AVX2 and FMA.
@@ -923,7 +924,7 @@ macro_rules! per32_blocks {
             }
         }
     };
-    // Q4_1's min per unit of activation sum (value = d q + m); the other formats have none.
+    // Q4_1's and Q5_1's min per unit of activation sum (value = d q + m); the others have none.
     (@min $self:ident, $lanes:ty, none) => { _mm256_setzero_ps() };
     (@min $self:ident, $lanes:ty, $m:ident) => { <$lanes>::scales($self.$m.as_ptr()) };
     (@has_min none) => { false };
@@ -944,6 +945,11 @@ per32_blocks! {
     PackedQ4_1<NARROW>, HalfQ4_1: offset 0, min m, wide false,
         |b, L, h| nibbles::<L>(b.qs.as_ptr(), h),
         |w, a, h| products(w, a, 4 * h);
+    // Values up to 31 with no offset to take off: four vectors' products fit in 16 bits
+    // (4 * 2 * 127 * 31 = 31,496), eight would not, so each half widens.
+    PackedQ5_1Planes, HalfQ5_1Planes: offset 0, min m, wide true,
+        |b, L, h| q5_0_vectors::<L>(b.qs.as_ptr(), b.qh.as_ptr(), h),
+        |w, a, h| widen32::<false>(products(w, a, 4 * h));
 }
 
 /// Whether the build has AVX-512's 32 vector registers (an AVX-512 CPU with

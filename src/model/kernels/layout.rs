@@ -9,7 +9,7 @@
 //! can be summed before one widening per block (Q6_K, with one scale per 16 values, keeps its
 //! two halves apart: vectors 0-3 hold the first 16 values of each lane, 4-7 the second).
 //! A kernel sums integer products per lane and applies the scales after. Formats with
-//! 32-value blocks (Q4_0, Q4_1, Q5_0, Q8_0) are gathered eight blocks at a time, their rows
+//! 32-value blocks (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0) are gathered eight blocks at a time, their rows
 //! padded with zero blocks to a multiple of 256 values. A row whose last 256 values hold at
 //! most 128 (896 = 3.5 x 256 in Qwen2.5 0.5B, 576 and 640 in other small models) keeps that
 //! block apart in half size ([`Halves`], [`Rows`]): its padding is the second half of every
@@ -20,7 +20,7 @@
 //! which the tests check), used for embedding lookups and the references.
 
 use candle_core::quantized::k_quants::{
-    BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ5K, BlockQ5_0, BlockQ6K, BlockQ8_0,
+    BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ5K, BlockQ5_0, BlockQ5_1, BlockQ6K, BlockQ8_0,
 };
 use half::f16;
 
@@ -70,6 +70,13 @@ pub(super) struct Q4_0 {
 pub(super) struct Q4_1 {
     d: u16,
     m: u16,
+    qs: [u8; 16],
+}
+#[repr(C)]
+pub(super) struct Q5_1 {
+    d: u16,
+    m: u16,
+    qh: [u8; 4],
     qs: [u8; 16],
 }
 
@@ -200,6 +207,18 @@ pub struct PackedQ4_1<const V: usize> {
     pub(super) d: [u16; 8],
     pub(super) m: [u16; 8],
     pub(super) qs: [u8; 128],
+}
+
+/// Eight Q5_1 blocks for AVX2, in the [`NARROW`] layout: the low four bits as in
+/// [`PackedQ4K`], bit 4 in bit planes as in [`PackedQ5_0Planes`]; value = `d * q + m`, one `d`
+/// and one `m` per 32 values.
+#[derive(Clone)]
+#[repr(C)]
+pub struct PackedQ5_1Planes {
+    pub(super) d: [u16; 8],
+    pub(super) m: [u16; 8],
+    pub(super) qs: [u8; 128],
+    pub(super) qh: [u8; 32],
 }
 
 /// The first half of every `V`-byte vector in `x` (lanes 0-3 of a 32-byte vector, 0-7 of a
@@ -362,6 +381,8 @@ halves! {
     HalfQ4_0 of PackedQ4_0<NARROW>, NARROW { scales: d; lanes: qs: 64 }
     /// Lanes 0-3 of a [`PackedQ4_1`] in the [`NARROW`] layout.
     HalfQ4_1 of PackedQ4_1<NARROW>, NARROW { scales: d, m; lanes: qs: 64 }
+    /// Lanes 0-3 of a [`PackedQ5_1Planes`].
+    HalfQ5_1Planes of PackedQ5_1Planes, NARROW { scales: d, m; lanes: qs: 64, qh: 16 }
 }
 
 /// Lanes 0-7 of a [`PackedQ5_0`] (the [`WIDE`] layout): bit 4 of those lanes' values is the
@@ -443,6 +464,17 @@ fn high_planes(values: &Values) -> [u8; 32] {
     })
 }
 
+/// Bit 4 of value `v` from [`high_planes`].
+fn plane_bit(qh: &[u8; 32], v: usize) -> u8 {
+    let (z, byte) = slot::<NARROW>(v);
+    (qh[byte] >> z) & 1
+}
+
+/// Value `v` (0..32) of a block stored as [`NARROW`] nibbles and bit planes.
+fn five_bits_in_planes(qs: &[u8; 128], qh: &[u8; 32], v: usize) -> u8 {
+    unpack_nibble::<NARROW>(qs, v) | plane_bit(qh, v) << 4
+}
+
 /// The values plus 32 (0..64) of a candle Q6_K block: per 128 values, four 32-value quarters
 /// taking the low/high nibbles of `ql` and successive bit pairs of `qh`.
 fn q6k_values(b: &Q6K) -> Values {
@@ -468,10 +500,15 @@ fn nibble32_values(qs: &[u8; 16]) -> [u8; 32] {
     std::array::from_fn(|j| if j < 16 { qs[j] & 15 } else { qs[j - 16] >> 4 })
 }
 
-/// The values plus 16 (0..32) of a Q5_0 block: its nibbles, bit 4 from `qh`.
-fn q5_0_values(b: &Q5_0) -> [u8; 32] {
-    let (low, qh) = (nibble32_values(&b.qs), u32::from_le_bytes(b.qh));
+/// The 5-bit values (0..32) of a 32-value block: nibbles as [`nibble32_values`], bit 4 of
+/// value `j` in bit `j` of `qh` (Q5_0, stored plus 16, and Q5_1).
+fn five_bit_values(qs: &[u8; 16], qh: [u8; 4]) -> [u8; 32] {
+    let (low, qh) = (nibble32_values(qs), u32::from_le_bytes(qh));
     std::array::from_fn(|j| low[j] | (((qh >> j) & 1) as u8) << 4)
+}
+
+fn q5_0_values(b: &Q5_0) -> [u8; 32] {
+    five_bit_values(&b.qs, b.qh)
 }
 
 /// Eight 32-value blocks' values, in order.
@@ -595,10 +632,7 @@ impl PackedBlock for PackedQ5KWide {
 
 impl PackedBlock for PackedQ5KPlanes {
     fn dequantize(&self, y: &mut [f32; QK]) {
-        self.dequantize_with(y, |v| {
-            let (z, byte) = slot::<NARROW>(v);
-            (self.qh[byte] >> z) & 1
-        })
+        self.dequantize_with(y, |v| plane_bit(&self.qh, v))
     }
 }
 
@@ -667,9 +701,7 @@ impl PackedQ5_0Planes {
 impl PackedBlock for PackedQ5_0Planes {
     fn dequantize(&self, y: &mut [f32; QK]) {
         for (v, y) in y.iter_mut().enumerate() {
-            let (z, byte) = slot::<NARROW>(v);
-            let high = (self.qh[byte] >> z) & 1;
-            let q = unpack_nibble::<NARROW>(&self.qs, v) | (high << 4);
+            let q = five_bits_in_planes(&self.qs, &self.qh, v);
             *y = (q as i32 - 16) as f32 * f16_to_f32(self.d[v / 32]);
         }
     }
@@ -732,6 +764,28 @@ impl<const V: usize> PackedBlock for PackedQ4_1<V> {
     }
 }
 
+impl PackedQ5_1Planes {
+    fn new(b: [&Q5_1; 8]) -> Self {
+        let values = values8(b, |b| five_bit_values(&b.qs, b.qh));
+        Self {
+            d: b.map(|b| b.d),
+            m: b.map(|b| b.m),
+            qs: pack_nibbles::<NARROW>(&values),
+            qh: high_planes(&values),
+        }
+    }
+}
+
+impl PackedBlock for PackedQ5_1Planes {
+    fn dequantize(&self, y: &mut [f32; QK]) {
+        for (v, y) in y.iter_mut().enumerate() {
+            let q = five_bits_in_planes(&self.qs, &self.qh, v);
+            let (d, m) = (f16_to_f32(self.d[v / 32]), f16_to_f32(self.m[v / 32]));
+            *y = q as f32 * d + m;
+        }
+    }
+}
+
 pub(super) fn pack_q4k<const V: usize>(blocks: &[BlockQ4K]) -> Rows<PackedQ4K<V>> {
     Rows::whole(view::<_, Q4K>(blocks).iter().map(PackedQ4K::new).collect())
 }
@@ -764,6 +818,13 @@ const Q4_0_ZERO: Q4_0 = Q4_0 { d: 0, qs: [0; 16] };
 const Q4_1_ZERO: Q4_1 = Q4_1 {
     d: 0,
     m: 0,
+    qs: [0; 16],
+};
+
+const Q5_1_ZERO: Q5_1 = Q5_1 {
+    d: 0,
+    m: 0,
+    qh: [0; 4],
     qs: [0; 16],
 };
 
@@ -806,4 +867,11 @@ pub(super) fn pack_q4_0(blocks: &[BlockQ4_0], cols: usize) -> Rows<PackedQ4_0<NA
 
 pub(super) fn pack_q4_1(blocks: &[BlockQ4_1], cols: usize) -> Rows<PackedQ4_1<NARROW>, HalfQ4_1> {
     pack_per32(blocks, cols, &Q4_1_ZERO, PackedQ4_1::new)
+}
+
+pub(super) fn pack_q5_1(
+    blocks: &[BlockQ5_1],
+    cols: usize,
+) -> Rows<PackedQ5_1Planes, HalfQ5_1Planes> {
+    pack_per32(blocks, cols, &Q5_1_ZERO, PackedQ5_1Planes::new)
 }

@@ -5,7 +5,7 @@
 //! multiply-adds, not another pass over the weights (which is what a one-token decode is bound
 //! by). The weights are repacked at load time into the layout of the family that multiplies
 //! them ([`layout`]): AVX-512 VNNI ([`avx512`], Q4_K, Q5_K, Q6_K, Q5_0, Q8_0, on 64-byte
-//! vectors) and AVX2 with FMA and F16C ([`avx2`], the same five plus Q4_0 and Q4_1, on 32-byte
+//! vectors) and AVX2 with FMA and F16C ([`avx2`], the same five plus Q4_0, Q4_1 and Q5_1, on 32-byte
 //! vectors; on an AVX-512 machine it also runs the formats the AVX-512 family lacks). AVX-VNNI
 //! runs AVX2's layout with `vpdpbusd` for its products, to the same bits.
 //!
@@ -29,7 +29,7 @@ mod avx512;
 
 use crate::error::{Error, Result};
 use candle_core::quantized::k_quants::{
-    BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ5K, BlockQ5_0, BlockQ6K, BlockQ8_0,
+    BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ5K, BlockQ5_0, BlockQ5_1, BlockQ6K, BlockQ8_0,
 };
 use candle_core::quantized::GgmlDType;
 use layout::{Rows, NARROW, QK, WIDE};
@@ -152,6 +152,7 @@ enum Blocks {
     Q8_0Narrow(Rows<layout::PackedQ8_0<NARROW>, layout::HalfQ8_0>),
     Q4_0(Rows<layout::PackedQ4_0<NARROW>, layout::HalfQ4_0>),
     Q4_1(Rows<layout::PackedQ4_1<NARROW>, layout::HalfQ4_1>),
+    Q5_1Planes(Rows<layout::PackedQ5_1Planes, layout::HalfQ5_1Planes>),
 }
 
 /// Applies `$f` to the packed rows, whatever their format.
@@ -170,6 +171,7 @@ macro_rules! each_format {
             Blocks::Q8_0Narrow($b) => $f,
             Blocks::Q4_0($b) => $f,
             Blocks::Q4_1($b) => $f,
+            Blocks::Q5_1Planes($b) => $f,
         }
     };
 }
@@ -183,6 +185,7 @@ pub enum Source<'a> {
     Q8_0(&'a [BlockQ8_0]),
     Q4_0(&'a [BlockQ4_0]),
     Q4_1(&'a [BlockQ4_1]),
+    Q5_1(&'a [BlockQ5_1]),
 }
 
 impl Packed {
@@ -210,6 +213,7 @@ impl Packed {
             Source::Q8_0(b) => Blocks::Q8_0Narrow(layout::pack_q8_0_narrow(b, cols)),
             Source::Q4_0(b) => Blocks::Q4_0(layout::pack_q4_0(b, cols)),
             Source::Q4_1(b) => Blocks::Q4_1(layout::pack_q4_1(b, cols)),
+            Source::Q5_1(b) => Blocks::Q5_1Planes(layout::pack_q5_1(b, cols)),
         };
         Self { blocks, kernels }
     }
@@ -224,6 +228,7 @@ impl Packed {
             Blocks::Q8_0(_) | Blocks::Q8_0Narrow(_) => GgmlDType::Q8_0,
             Blocks::Q4_0(_) => GgmlDType::Q4_0,
             Blocks::Q4_1(_) => GgmlDType::Q4_1,
+            Blocks::Q5_1Planes(_) => GgmlDType::Q5_1,
         }
     }
 
@@ -244,6 +249,7 @@ impl Packed {
             Blocks::Q8_0Narrow(b) => Blocks::Q8_0Narrow(b.select(rows, kb)),
             Blocks::Q4_0(b) => Blocks::Q4_0(b.select(rows, kb)),
             Blocks::Q4_1(b) => Blocks::Q4_1(b.select(rows, kb)),
+            Blocks::Q5_1Planes(b) => Blocks::Q5_1Planes(b.select(rows, kb)),
         };
         Self {
             blocks,
@@ -274,7 +280,7 @@ impl Packed {
         unsafe {
             assert!(self.kernels.runs_here());
             // AVX2's layout, multiplied with `vpdpbusd` where the family has it: the same bits
-            // in fewer instructions. The AVX-512 family runs the formats it lacks (Q4_0, Q4_1)
+            // in fewer instructions. The AVX-512 family runs the formats it lacks (Q4_0, Q4_1, Q5_1)
             // with the EVEX form every AVX-512 VNNI CPU has.
             macro_rules! narrow {
                 ($b:expr) => {
@@ -304,6 +310,7 @@ impl Packed {
                 Blocks::Q8_0Narrow(b) => narrow!(b),
                 Blocks::Q4_0(b) => narrow!(b),
                 Blocks::Q4_1(b) => narrow!(b),
+                Blocks::Q5_1Planes(b) => narrow!(b),
             }
         }
     }

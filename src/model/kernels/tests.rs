@@ -38,10 +38,10 @@ fn blocks<T: GgmlType>(count: usize, seed: u64) -> Vec<T> {
     let size = std::mem::size_of::<T>();
     // Where the f16 scales are: left alone (random bits can be NaN or huge).
     let scales = match T::DTYPE {
-        GgmlDType::Q4K | GgmlDType::Q5K => 0..4, // d, dmin first
-        GgmlDType::Q6K => size - 2..size,        // d last
-        GgmlDType::Q4_1 => 0..4,                 // d, m first
-        _ => 0..2,                               // Q4_0, Q5_0, Q8_0: d first
+        GgmlDType::Q4K | GgmlDType::Q5K => 0..4,   // d, dmin first
+        GgmlDType::Q6K => size - 2..size,          // d last
+        GgmlDType::Q4_1 | GgmlDType::Q5_1 => 0..4, // d, m first
+        _ => 0..2,                                 // Q4_0, Q5_0, Q8_0: d first
     };
     // SAFETY: plain byte blocks.
     let bytes = unsafe { std::slice::from_raw_parts_mut(w.as_mut_ptr() as *mut u8, count * size) };
@@ -64,6 +64,7 @@ const Q5_0: Pack<BlockQ5_0> = |b| Source::Q5_0(b);
 const Q8_0: Pack<BlockQ8_0> = |b| Source::Q8_0(b);
 const Q4_0: Pack<BlockQ4_0> = |b| Source::Q4_0(b);
 const Q4_1: Pack<BlockQ4_1> = |b| Source::Q4_1(b);
+const Q5_1: Pack<BlockQ5_1> = |b| Source::Q5_1(b);
 
 /// Every packing (AVX-512's and AVX2's differ for Q5_0 and Q5_K), whether or not this CPU runs
 /// it.
@@ -97,6 +98,7 @@ fn repacked_blocks_dequantize_exactly_like_candle() {
         dequantizes_like_candle(Q8_0, cols);
         dequantizes_like_candle(Q4_0, cols);
         dequantizes_like_candle(Q4_1, cols);
+        dequantizes_like_candle(Q5_1, cols);
     }
 }
 
@@ -154,6 +156,7 @@ fn a_rows_short_last_block_multiplies_as_the_padded_block() {
         same(Q8_0, k);
         same(Q4_0, k);
         same(Q4_1, k);
+        same(Q5_1, k);
     }
 }
 
@@ -269,36 +272,37 @@ fn q6k_kernels_match_references() {
     check(Q6K, 3072, Some(1e-4));
 }
 
+/// [`check`] for a format with 32-value blocks, at the row lengths its packing treats apart.
+fn check_per32<T: GgmlType>(pack: Pack<T>) {
+    check(pack, 352, None); // a short last block (96 values), stored in half size
+    check(pack, 448, None); // a last block of 192 values, padded
+    check(pack, 1024, None);
+    check(pack, 2080, None); // 9 packed blocks: 19 rows reduce in two slabs
+}
+
 #[test]
 fn q5_0_kernels_match_references() {
-    check(Q5_0, 352, None); // a short last block (96 values), stored in half size
-    check(Q5_0, 448, None); // a last block of 192 values, padded
-    check(Q5_0, 1024, None);
-    check(Q5_0, 2080, None); // 9 packed blocks: 19 rows reduce in two slabs
+    check_per32(Q5_0);
 }
 
 #[test]
 fn q8_0_kernels_match_references() {
-    check(Q8_0, 352, None); // a short last block (96 values), stored in half size
-    check(Q8_0, 448, None); // a last block of 192 values, padded
-    check(Q8_0, 1024, None);
-    check(Q8_0, 2080, None); // 9 packed blocks: 19 rows reduce in two slabs
+    check_per32(Q8_0);
 }
 
 #[test]
 fn q4_0_kernels_match_references() {
-    check(Q4_0, 352, None); // a short last block (96 values), stored in half size
-    check(Q4_0, 448, None); // a last block of 192 values, padded
-    check(Q4_0, 1024, None);
-    check(Q4_0, 2080, None); // 9 packed blocks: 19 rows reduce in two slabs
+    check_per32(Q4_0);
 }
 
 #[test]
 fn q4_1_kernels_match_references() {
-    check(Q4_1, 352, None); // a short last block (96 values), stored in half size
-    check(Q4_1, 448, None); // a last block of 192 values, padded
-    check(Q4_1, 1024, None);
-    check(Q4_1, 2080, None); // 9 packed blocks: 19 rows reduce in two slabs
+    check_per32(Q4_1);
+}
+
+#[test]
+fn q5_1_kernels_match_references() {
+    check_per32(Q5_1);
 }
 
 /// Activations with an outlier in every 256 values, as real models have: formats with one
@@ -337,6 +341,7 @@ fn an_outlier_activation_coarsens_only_its_own_32_values() {
     outliers(Q8_0, 1024);
     outliers(Q4_0, 1024);
     outliers(Q4_1, 1024);
+    outliers(Q5_1, 1024);
 }
 
 /// Extreme activations (a single huge value, all equal, zeros) and extreme weights (every
@@ -358,7 +363,7 @@ fn extreme_values_do_not_overflow_the_16_bit_sums() {
                 GgmlDType::Q6K => off < 192,                  // ql, qh
                 GgmlDType::Q8_0 | GgmlDType::Q4_0 => off >= 2,
                 GgmlDType::Q5_0 => off >= 2,
-                GgmlDType::Q4_1 => off >= 4,
+                GgmlDType::Q4_1 | GgmlDType::Q5_1 => off >= 4,
                 _ => false,
             };
             if quant {
@@ -394,6 +399,7 @@ fn extreme_values_do_not_overflow_the_16_bit_sums() {
         saturated(Q8_0, 256, fill);
         saturated(Q4_0, 256, fill);
         saturated(Q4_1, 256, fill);
+        saturated(Q5_1, 256, fill);
     }
 }
 
@@ -447,6 +453,7 @@ fn kernel_timing() {
     let w8: Vec<BlockQ8_0> = blocks(n * k / 32, 1);
     let w40: Vec<BlockQ4_0> = blocks(n * k / 32, 1);
     let w41: Vec<BlockQ4_1> = blocks(n * k / 32, 1);
+    let w51: Vec<BlockQ5_1> = blocks(n * k / 32, 1);
     let family = match std::env::var(super::KERNELS_ENV) {
         Ok(_) => Kernels::detect().unwrap(),
         Err(_) => Kernels::Avx2,
@@ -463,6 +470,7 @@ fn kernel_timing() {
         ("q8_0", Packed::new(Q8_0(&w8), k, family)),
         ("q4_0", Packed::new(Q4_0(&w40), k, family)),
         ("q4_1", Packed::new(Q4_1(&w41), k, family)),
+        ("q5_1", Packed::new(Q5_1(&w51), k, family)),
     ];
     for (name, p) in &all {
         let k = if name.ends_with('k') { kq } else { k };
@@ -528,6 +536,7 @@ fn a_non_finite_activation_gives_non_finite_outputs() {
         case(Q8_0, k);
         case(Q4_0, k);
         case(Q4_1, k);
+        case(Q5_1, k);
     }
 }
 
@@ -570,7 +579,9 @@ fn the_avx2_orders_and_vnni_give_the_same_bits() {
         }
         // SAFETY: the caller checked that the CPU runs AVX2 and `P`'s products; the kernels
         // check the lengths.
-        unsafe { run!(Q4KNarrow, Q5KPlanes, Q6KNarrow, Q5_0Planes, Q8_0Narrow, Q4_0, Q4_1) };
+        unsafe {
+            run!(Q4KNarrow, Q5KPlanes, Q6KNarrow, Q5_0Planes, Q8_0Narrow, Q4_0, Q4_1, Q5_1Planes)
+        };
         dst.iter().map(|v| v.to_bits()).collect()
     }
     /// [`bits`] half by half, then row by row.
@@ -618,6 +629,7 @@ fn the_avx2_orders_and_vnni_give_the_same_bits() {
         same(packed(Q8_0, k), k);
         same(packed(Q4_0, k), k);
         same(packed(Q4_1, k), k);
+        same(packed(Q5_1, k), k);
     }
 }
 
