@@ -39,6 +39,20 @@ macro_rules! block_kinds {
                 match self { $(Blocks::$variant(_) => <$ty as GgmlType>::DTYPE),* }
             }
 
+            /// The blocks of `parts` one after another, if they are all of one type.
+            fn stack(parts: &[&Blocks]) -> Option<Blocks> {
+                match parts.first()? {
+                    $(Blocks::$variant(_) => {
+                        let mut all = Vec::new();
+                        for p in parts {
+                            let Blocks::$variant(b) = p else { return None };
+                            all.extend_from_slice(b);
+                        }
+                        Some(Blocks::$variant(all))
+                    })*
+                }
+            }
+
             fn select_rows(&self, rows: &[u32], blocks_per_row: usize) -> Blocks {
                 let kb = blocks_per_row;
                 match self {
@@ -203,6 +217,53 @@ impl QWeight {
         }
     }
 
+    /// Whether [`QWeight::stack`] takes `self` and `other` together.
+    fn stacks_with(&self, other: &QWeight) -> bool {
+        let kernels = |w: &QWeight| match &w.storage {
+            Storage::Candle(_) => None,
+            Storage::Packed(p) => Some(p.kernels()),
+        };
+        self.cols == other.cols && self.dtype() == other.dtype() && kernels(self) == kernels(other)
+    }
+
+    /// The rows of `parts` one after another, as one matrix, if they are of one quantization,
+    /// stored alike (packed for the same kernels, or not) and as long: multiplying the stack
+    /// gives each part's outputs bit for bit (every output depends only on its own weight row
+    /// and activation row), with the activations quantized once and one pass of the threads.
+    pub fn stack(parts: &[&QWeight]) -> Option<Self> {
+        let cols = parts.first()?.cols;
+        if parts.iter().any(|p| p.cols != cols) {
+            return None;
+        }
+        let storage = match &parts[0].storage {
+            Storage::Candle(_) => {
+                let blocks: Option<Vec<&Blocks>> = parts
+                    .iter()
+                    .map(|p| match &p.storage {
+                        Storage::Candle(b) => Some(b),
+                        Storage::Packed(_) => None,
+                    })
+                    .collect();
+                Storage::Candle(Blocks::stack(&blocks?)?)
+            }
+            Storage::Packed(_) => {
+                let packed: Option<Vec<&kernels::Packed>> = parts
+                    .iter()
+                    .map(|p| match &p.storage {
+                        Storage::Packed(b) => Some(b),
+                        Storage::Candle(_) => None,
+                    })
+                    .collect();
+                Storage::Packed(kernels::Packed::stack(&packed?)?)
+            }
+        };
+        Some(Self {
+            storage,
+            rows: parts.iter().map(|p| p.rows).sum(),
+            cols,
+        })
+    }
+
     /// Dequantizes row `row` (an embedding lookup, or a 1-D weight such as a norm).
     pub fn row(&self, row: usize, dst: &mut [f32]) {
         match &self.storage {
@@ -270,6 +331,72 @@ fn read_blocks<T: GgmlType, R: Read>(reader: &mut R, n: usize) -> Result<Vec<T>>
     Ok(v)
 }
 
+/// Matrices that multiply the same activations (a layer's queries, keys and values; its
+/// feed-forward gate and up projections), each run of neighbours that [`QWeight::stack`]
+/// takes multiplied as one matrix: the activations are quantized once and the threads
+/// started once per run, and every output comes out as the part alone would give it.
+pub struct Stacked {
+    runs: Vec<QWeight>,
+    /// Each part's run, first column in the run's output rows, and width.
+    parts: Vec<(usize, usize, usize)>,
+}
+
+impl Stacked {
+    pub fn new(parts: Vec<QWeight>) -> Self {
+        let mut runs: Vec<Vec<QWeight>> = Vec::new();
+        for p in parts {
+            match runs.last_mut() {
+                Some(run) if run[0].stacks_with(&p) => run.push(p),
+                _ => runs.push(vec![p]),
+            }
+        }
+        let mut places = Vec::new();
+        for (i, run) in runs.iter().enumerate() {
+            let mut offset = 0;
+            for p in run {
+                places.push((i, offset, p.rows));
+                offset += p.rows;
+            }
+        }
+        let runs = runs
+            .into_iter()
+            .map(|mut run| match run.len() {
+                1 => run.pop().unwrap(),
+                _ => QWeight::stack(&run.iter().collect::<Vec<_>>())
+                    .expect("stacks_with checked the parts"),
+            })
+            .collect();
+        Self {
+            runs,
+            parts: places,
+        }
+    }
+
+    /// The weights, all parts together.
+    pub fn params(&self) -> usize {
+        self.runs.iter().map(|r| r.rows * r.cols).sum()
+    }
+
+    /// Multiplies `lhs` (rows of the parts' common width) by every run, into `outs` (one
+    /// buffer per run, resized as needed): read the results with [`Stacked::part`].
+    pub fn matmul(&self, lhs: &[f32], outs: &mut Vec<Vec<f32>>) -> Result<()> {
+        let m = lhs.len() / self.runs[0].cols;
+        outs.resize_with(self.runs.len(), Vec::new);
+        for (run, out) in self.runs.iter().zip(outs.iter_mut()) {
+            out.resize(m * run.rows, 0.0);
+            run.matmul(lhs, out)?;
+        }
+        Ok(())
+    }
+
+    /// Part `i`'s outputs for activation row `row`, from [`Stacked::matmul`]'s `outs`.
+    pub fn part<'a>(&self, outs: &'a [Vec<f32>], i: usize, row: usize) -> &'a [f32] {
+        let (run, first, width) = self.parts[i];
+        let at = row * self.runs[run].rows + first;
+        &outs[run][at..at + width]
+    }
+}
+
 const Q5_0_BYTES: usize = 22; // f16 scale, 4 bytes of high bits, 16 bytes of low nibbles
 const Q8_0_BYTES: usize = 34; // f16 scale, 32 signed bytes
 
@@ -330,5 +457,67 @@ mod tests {
         BlockQ8_0::to_float(&q8, &mut b);
         assert_eq!(a, b);
         assert!(a.iter().any(|&x| x != 0.0));
+    }
+
+    /// A `rows x cols` matrix of random `T` blocks, read as from a GGUF file for `kernels`.
+    fn random_weight<T: GgmlType>(
+        rows: usize,
+        cols: usize,
+        seed: u32,
+        kernels: Kernels,
+    ) -> QWeight {
+        let values: Vec<f32> = (0..rows * cols)
+            .map(|i| ((i as u32).wrapping_mul(2_654_435_761) ^ seed) as f32 / u32::MAX as f32 - 0.5)
+            .collect();
+        let mut blocks = vec![T::zeros(); rows * cols / T::BLCK_SIZE];
+        T::from_float(&values, &mut blocks);
+        let size = blocks.len() * std::mem::size_of::<T>();
+        // SAFETY: plain byte blocks.
+        let bytes = unsafe { std::slice::from_raw_parts(blocks.as_ptr() as *const u8, size) };
+        let info = TensorInfo {
+            ggml_dtype: T::DTYPE,
+            shape: (rows, cols).into(),
+            offset: 0,
+        };
+        let mut reader = std::io::Cursor::new(bytes);
+        QWeight::read(&mut reader, 0, "w", &info, kernels, &mut Vec::new()).unwrap()
+    }
+
+    /// A stack gives each part's outputs bit for bit, in every family this CPU runs; a part of
+    /// another format starts a new run.
+    #[test]
+    fn stacked_matrices_multiply_as_their_parts() {
+        let cols = 512;
+        for kernels in Kernels::supported() {
+            let parts = || {
+                vec![
+                    random_weight::<BlockQ4K>(48, cols, 1, kernels),
+                    random_weight::<BlockQ4K>(16, cols, 2, kernels),
+                    random_weight::<BlockQ6K>(32, cols, 3, kernels),
+                    random_weight::<BlockQ6K>(16, cols, 4, kernels),
+                    random_weight::<BlockQ4K>(16, cols, 5, kernels),
+                ]
+            };
+            let stacked = Stacked::new(parts());
+            assert_eq!(stacked.runs.len(), 3, "{kernels}");
+            for m in [1, 3, 9] {
+                let lhs: Vec<f32> = (0..m * cols).map(|i| (i % 13) as f32 * 0.1 - 0.6).collect();
+                let mut outs = Vec::new();
+                stacked.matmul(&lhs, &mut outs).unwrap();
+                for (i, part) in parts().iter().enumerate() {
+                    let mut want = vec![0f32; m * part.rows()];
+                    part.matmul(&lhs, &mut want).unwrap();
+                    for (r, want) in want.chunks(part.rows()).enumerate() {
+                        let got = stacked.part(&outs, i, r);
+                        let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+                        assert_eq!(
+                            bits(got),
+                            bits(want),
+                            "{kernels}, part {i}, {m} rows, row {r}"
+                        );
+                    }
+                }
+            }
+        }
     }
 }

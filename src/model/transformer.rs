@@ -14,7 +14,7 @@ use crate::model::attention::{attention, Heads};
 use crate::model::gguf::GgufFile;
 use crate::model::kernels::Kernels;
 use crate::model::kv_cache::KvCache;
-use crate::model::qweight::QWeight;
+use crate::model::qweight::{QWeight, Stacked};
 use crate::model::{Logits, Model};
 use crate::profile::{time, Section};
 use std::sync::Arc;
@@ -231,9 +231,8 @@ impl Config {
 
 struct Layer {
     attn_norm: Vec<f32>,
-    wq: QWeight,
-    wk: QWeight,
-    wv: QWeight,
+    /// Queries, keys and values.
+    qkv: Stacked,
     bias_q: Option<Vec<f32>>,
     bias_k: Option<Vec<f32>>,
     bias_v: Option<Vec<f32>>,
@@ -244,8 +243,8 @@ struct Layer {
     /// Norm of the attention output before it is added (Gemma).
     post_attn_norm: Option<Vec<f32>>,
     ffn_norm: Vec<f32>,
-    gate: QWeight,
-    up: QWeight,
+    /// The feed-forward gate and up projections.
+    gate_up: Stacked,
     down: QWeight,
     /// Norm of the feed-forward output before it is added (Gemma).
     post_ffn_norm: Option<Vec<f32>>,
@@ -315,9 +314,7 @@ impl Weights {
             };
             layers.push(Layer {
                 attn_norm: vector(f, "attn_norm.weight", d)?,
-                wq,
-                wk,
-                wv,
+                qkv: Stacked::new(vec![wq, wk, wv]),
                 bias_q: optional(f, "attn_q.bias", qd)?,
                 bias_k: optional(f, "attn_k.bias", kvd)?,
                 bias_v: optional(f, "attn_v.bias", kvd)?,
@@ -326,8 +323,7 @@ impl Weights {
                 wo,
                 post_attn_norm: gemma(f, "post_attention_norm.weight", d)?,
                 ffn_norm: vector(f, "ffn_norm.weight", d)?,
-                gate,
-                up,
+                gate_up: Stacked::new(vec![gate, up]),
                 down,
                 post_ffn_norm: gemma(f, "post_ffw_norm.weight", d)?,
                 window: c.window(i),
@@ -396,12 +392,7 @@ impl Weights {
         let layers: usize = self
             .layers
             .iter()
-            .map(|l| {
-                [&l.wq, &l.wk, &l.wv, &l.wo, &l.gate, &l.up, &l.down]
-                    .into_iter()
-                    .map(size)
-                    .sum::<usize>()
-            })
+            .map(|l| l.qkv.params() + size(&l.wo) + l.gate_up.params() + size(&l.down))
             .sum();
         layers + size(&self.embeddings) + self.output.as_ref().map_or(0, size)
     }
@@ -499,15 +490,21 @@ impl Transformer {
         let (mut q, mut k, mut v) = (vec![0f32; m * qd], vec![0f32; m * kvd], vec![0f32; m * kvd]);
         let mut att = vec![0f32; m * qd];
         let mut proj = vec![0f32; m * d];
-        let (mut g, mut u) = (vec![0f32; m * ffd], vec![0f32; m * ffd]);
+        let mut g = vec![0f32; m * ffd];
+        // The stacked products' outputs, by run.
+        let mut out = Vec::new();
         for (li, l) in w.layers.iter().enumerate() {
             time(Section::Norm, || {
                 rms_norm(&x, &l.attn_norm, c.rms_eps, &mut h)
             });
             time(Section::Qkv, || -> Result<()> {
-                l.wq.matmul(&h, &mut q)?;
-                l.wk.matmul(&h, &mut k)?;
-                l.wv.matmul(&h, &mut v)?;
+                l.qkv.matmul(&h, &mut out)?;
+                for (i, x) in [&mut q, &mut k, &mut v].into_iter().enumerate() {
+                    let width = x.len() / m;
+                    for (r, row) in x.chunks_mut(width).enumerate() {
+                        row.copy_from_slice(l.qkv.part(&out, i, r));
+                    }
+                }
                 add_bias(&mut q, l.bias_q.as_deref());
                 add_bias(&mut k, l.bias_k.as_deref());
                 add_bias(&mut v, l.bias_v.as_deref());
@@ -539,11 +536,13 @@ impl Transformer {
                 rms_norm(&x, &l.ffn_norm, c.rms_eps, &mut h)
             });
             time(Section::GateUp, || -> Result<()> {
-                l.gate.matmul(&h, &mut g)?;
-                l.up.matmul(&h, &mut u)?;
-                match c.activation {
-                    Activation::Silu => silu_mul(&mut g, &u),
-                    Activation::GeluTanh => gelu_tanh_mul(&mut g, &u),
+                l.gate_up.matmul(&h, &mut out)?;
+                for (r, row) in g.chunks_mut(ffd).enumerate() {
+                    let (gate, up) = (l.gate_up.part(&out, 0, r), l.gate_up.part(&out, 1, r));
+                    match c.activation {
+                        Activation::Silu => silu_mul(gate, up, row),
+                        Activation::GeluTanh => gelu_tanh_mul(gate, up, row),
+                    }
                 }
                 Ok(())
             })?;
@@ -622,10 +621,10 @@ impl Model for Transformer {
 }
 
 crate::vecmath::fast_path! {
-    /// `g = silu(g) * u`, element by element.
-    fn silu_mul(g: &mut [f32], u: &[f32]) {
-        for (g, u) in g.iter_mut().zip(u) {
-            *g = *g / (1.0 + crate::vecmath::exp(-*g)) * u;
+    /// `out = silu(g) * u`, element by element.
+    fn silu_mul(g: &[f32], u: &[f32], out: &mut [f32]) {
+        for ((o, &g), u) in out.iter_mut().zip(g).zip(u) {
+            *o = g / (1.0 + crate::vecmath::exp(-g)) * u;
         }
     }
 }
@@ -635,12 +634,11 @@ crate::vecmath::fast_path! {
     /// `x * sigmoid(2 inner)` (the same function: `(1 + tanh(z)) / 2 = sigmoid(2z)`) with
     /// [`crate::vecmath::exp`], so that the loop vectorizes (`tanh` is a library call per
     /// value).
-    fn gelu_tanh_mul(g: &mut [f32], u: &[f32]) {
+    fn gelu_tanh_mul(g: &[f32], u: &[f32], out: &mut [f32]) {
         const SQRT_2_OVER_PI: f32 = 0.797_884_6;
-        for (g, u) in g.iter_mut().zip(u) {
-            let x = *g;
+        for ((o, &x), u) in out.iter_mut().zip(g).zip(u) {
             let inner = SQRT_2_OVER_PI * (x + 0.044_715 * x * x * x);
-            *g = x / (1.0 + crate::vecmath::exp(-2.0 * inner)) * u;
+            *o = x / (1.0 + crate::vecmath::exp(-2.0 * inner)) * u;
         }
     }
 }
@@ -727,8 +725,8 @@ mod tests {
     fn gelu_is_its_tanh_approximation() {
         let xs: Vec<f32> = (-2000..=2000).map(|i| i as f32 * 0.006).collect();
         let u: Vec<f32> = xs.iter().map(|x| 1.5 - x.abs() * 0.01).collect();
-        let mut g = xs.clone();
-        gelu_tanh_mul(&mut g, &u);
+        let mut g = vec![0f32; xs.len()];
+        gelu_tanh_mul(&xs, &u, &mut g);
         for ((&x, &u), &got) in xs.iter().zip(&u).zip(&g) {
             let x64 = x as f64;
             let inner = (2.0 / std::f64::consts::PI).sqrt() * (x64 + 0.044_715 * x64.powi(3));

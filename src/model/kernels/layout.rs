@@ -289,6 +289,22 @@ impl<B, H> Rows<B, H> {
 }
 
 impl<B: Clone, H: Clone> Rows<B, H> {
+    /// The rows of `parts` one after another, if all keep their last blocks apart or none do
+    /// (as rows of one length do).
+    pub(super) fn stack(parts: &[&Self]) -> Option<Self> {
+        let split = !parts.first()?.tails.is_empty();
+        if parts.iter().any(|p| p.tails.is_empty() == split) {
+            return None;
+        }
+        Some(Self {
+            blocks: parts
+                .iter()
+                .flat_map(|p| p.blocks.iter().cloned())
+                .collect(),
+            tails: parts.iter().flat_map(|p| p.tails.iter().cloned()).collect(),
+        })
+    }
+
     /// Rows `rows` (in that order) of rows spanning `kb` blocks.
     pub(super) fn select(&self, rows: &[u32], kb: usize) -> Self {
         let per_row = self.per_row(kb);

@@ -218,6 +218,11 @@ impl Packed {
         Self { blocks, kernels }
     }
 
+    /// The family the blocks are packed for.
+    pub fn kernels(&self) -> Kernels {
+        self.kernels
+    }
+
     /// The quantization the blocks came from.
     pub fn dtype(&self) -> GgmlDType {
         match &self.blocks {
@@ -255,6 +260,36 @@ impl Packed {
             blocks,
             kernels: self.kernels,
         }
+    }
+
+    /// The rows of `parts` one after another, if they are packed alike (one format, one
+    /// family's layout) from rows of the same length.
+    pub fn stack(parts: &[&Packed]) -> Option<Packed> {
+        let kernels = parts.first()?.kernels;
+        if parts.iter().any(|p| p.kernels != kernels) {
+            return None;
+        }
+        macro_rules! stacked {
+            ($($variant:ident),*) => {
+                match &parts[0].blocks {
+                    $(Blocks::$variant(_) => {
+                        let rows: Option<Vec<_>> = parts
+                            .iter()
+                            .map(|p| match &p.blocks {
+                                Blocks::$variant(b) => Some(b),
+                                _ => None,
+                            })
+                            .collect();
+                        Blocks::$variant(layout::Rows::stack(&rows?)?)
+                    })*
+                }
+            };
+        }
+        let blocks = stacked!(
+            Q4K, Q5K, Q6K, Q5_0, Q8_0, Q4KNarrow, Q5KPlanes, Q6KNarrow, Q5_0Planes, Q8_0Narrow,
+            Q4_0, Q4_1, Q5_1Planes
+        );
+        Some(Self { blocks, kernels })
     }
 
     /// Dequantizes row `row` (of `dst.len()` values) into `dst`.
