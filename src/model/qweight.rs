@@ -3,9 +3,9 @@
 //! A forward over k tokens must give, bit for bit, the logits of k one-token forwards: greedy
 //! speculative decoding then equals greedy autoregressive decoding by construction, not by
 //! luck with near-ties. Both paths keep that property:
-//! - [`kernels`](super::kernels) (Q4_K, Q5_K, Q6_K, Q5_0, Q8_0, Q4_0, Q4_1 and Q5_1 repacked at load
-//!   time, on CPUs with AVX2 or AVX-512 VNNI) unpack each weight block once for all activation
-//!   rows, which is what makes verifying k draft tokens cheaper than k decode steps;
+//! - [`kernels`](super::kernels) (Q4_K, Q5_K, Q6_K, Q5_0, Q8_0, Q4_0, Q4_1 and Q5_1 repacked
+//!   at load time, on CPUs with AVX2 or AVX-512 VNNI) unpack each weight block once for all
+//!   activation rows, which is what makes verifying k draft tokens cheaper than k decode steps;
 //! - otherwise candle's `vec_dot`: every output element is one dot product of a weight row
 //!   with one quantized activation row, the same function whatever the number of rows.
 
@@ -92,11 +92,12 @@ enum Storage {
 impl QWeight {
     /// Reads tensor `name` described by `info` from a GGUF file, for the `kernels` family.
     ///
-    /// With a fast family, Q4_K, Q5_K, Q6_K, Q5_0, Q8_0, Q4_0, Q4_1 and Q5_1 weights are repacked for
-    /// it.
-    /// With the portable one, Q5_0 is widened losslessly to Q8_0: a Q5_0 value is a 5-bit integer times the
-    /// block scale, which Q8_0 holds exactly with the same scale, and candle's Q8_0 dot product
-    /// is SIMD where its Q5_0 one is scalar (the 0.5B draft would be slower than the target).
+    /// With a fast family, Q4_K, Q5_K, Q6_K, Q5_0, Q8_0, Q4_0, Q4_1 and Q5_1 weights are
+    /// repacked for it.
+    /// With the portable one, Q5_0 is widened losslessly to Q8_0: a Q5_0 value is a 5-bit
+    /// integer times the block scale, which Q8_0 holds exactly with the same scale, and
+    /// candle's Q8_0 dot product is SIMD where its Q5_0 one is scalar (the 0.5B draft would be
+    /// slower than the target).
     /// Blocks that are repacked are read into `scratch` (grown as needed, kept for the next
     /// tensor).
     pub fn read<R: Read + Seek>(
@@ -235,27 +236,24 @@ impl QWeight {
         if parts.iter().any(|p| p.cols != cols) {
             return None;
         }
-        let storage = match &parts[0].storage {
-            Storage::Candle(_) => {
-                let blocks: Option<Vec<&Blocks>> = parts
-                    .iter()
-                    .map(|p| match &p.storage {
-                        Storage::Candle(b) => Some(b),
-                        Storage::Packed(_) => None,
-                    })
-                    .collect();
-                Storage::Candle(Blocks::stack(&blocks?)?)
-            }
-            Storage::Packed(_) => {
-                let packed: Option<Vec<&kernels::Packed>> = parts
-                    .iter()
-                    .map(|p| match &p.storage {
-                        Storage::Packed(b) => Some(b),
-                        Storage::Candle(_) => None,
-                    })
-                    .collect();
-                Storage::Packed(kernels::Packed::stack(&packed?)?)
-            }
+        let candle: Option<Vec<&Blocks>> = parts
+            .iter()
+            .map(|p| match &p.storage {
+                Storage::Candle(b) => Some(b),
+                Storage::Packed(_) => None,
+            })
+            .collect();
+        let packed: Option<Vec<&kernels::Packed>> = parts
+            .iter()
+            .map(|p| match &p.storage {
+                Storage::Packed(p) => Some(p),
+                Storage::Candle(_) => None,
+            })
+            .collect();
+        let storage = match (candle, packed) {
+            (Some(b), _) => Storage::Candle(Blocks::stack(&b)?),
+            (_, Some(p)) => Storage::Packed(kernels::Packed::stack(&p)?),
+            _ => return None, // some packed, some not
         };
         Some(Self {
             storage,
@@ -342,7 +340,12 @@ pub struct Stacked {
 }
 
 impl Stacked {
+    /// Panics if the parts are not all as wide (they multiply the same activations).
     pub fn new(parts: Vec<QWeight>) -> Self {
+        assert!(
+            parts.windows(2).all(|w| w[0].cols == w[1].cols),
+            "stacked matrices multiply the same activations: their rows are as long"
+        );
         let mut runs: Vec<Vec<QWeight>> = Vec::new();
         for p in parts {
             match runs.last_mut() {
@@ -484,37 +487,54 @@ mod tests {
     }
 
     /// A stack gives each part's outputs bit for bit, in every family this CPU runs; a part of
-    /// another format starts a new run.
+    /// another format, or stored otherwise, starts a new run. At 896 columns the per-32
+    /// formats keep their rows' last blocks in half size (the 0.5B's widths), and on the
+    /// portable path Q5_0, widened to Q8_0, stacks with Q8_0.
     #[test]
     fn stacked_matrices_multiply_as_their_parts() {
-        let cols = 512;
+        type Parts = fn(Kernels) -> Vec<QWeight>;
+        let k_quants: Parts = |k| {
+            vec![
+                random_weight::<BlockQ4K>(48, 512, 1, k),
+                random_weight::<BlockQ4K>(16, 512, 2, k),
+                random_weight::<BlockQ6K>(32, 512, 3, k),
+                random_weight::<BlockQ6K>(16, 512, 4, k),
+                random_weight::<BlockQ4K>(16, 512, 5, k),
+            ]
+        };
+        let per32: Parts = |k| {
+            vec![
+                random_weight::<BlockQ5_0>(32, 896, 6, k),
+                random_weight::<BlockQ5_0>(16, 896, 7, k),
+                random_weight::<BlockQ8_0>(16, 896, 8, k),
+                random_weight::<BlockQ5_1>(32, 896, 9, k),
+                random_weight::<BlockQ5_1>(16, 896, 10, k),
+                random_weight::<f32>(16, 896, 11, k),
+            ]
+        };
         for kernels in Kernels::supported() {
-            let parts = || {
-                vec![
-                    random_weight::<BlockQ4K>(48, cols, 1, kernels),
-                    random_weight::<BlockQ4K>(16, cols, 2, kernels),
-                    random_weight::<BlockQ6K>(32, cols, 3, kernels),
-                    random_weight::<BlockQ6K>(16, cols, 4, kernels),
-                    random_weight::<BlockQ4K>(16, cols, 5, kernels),
-                ]
-            };
-            let stacked = Stacked::new(parts());
-            assert_eq!(stacked.runs.len(), 3, "{kernels}");
-            for m in [1, 3, 9] {
-                let lhs: Vec<f32> = (0..m * cols).map(|i| (i % 13) as f32 * 0.1 - 0.6).collect();
-                let mut outs = Vec::new();
-                stacked.matmul(&lhs, &mut outs).unwrap();
-                for (i, part) in parts().iter().enumerate() {
-                    let mut want = vec![0f32; m * part.rows()];
-                    part.matmul(&lhs, &mut want).unwrap();
-                    for (r, want) in want.chunks(part.rows()).enumerate() {
-                        let got = stacked.part(&outs, i, r);
+            let portable = kernels == Kernels::Portable;
+            for (parts, runs) in [(k_quants, 3), (per32, if portable { 3 } else { 4 })] {
+                let stacked = Stacked::new(parts(kernels));
+                assert_eq!(stacked.runs.len(), runs, "{kernels}");
+                let cols = stacked.runs[0].cols;
+                for m in [1, 3, 9] {
+                    let lhs: Vec<f32> =
+                        (0..m * cols).map(|i| (i % 13) as f32 * 0.1 - 0.6).collect();
+                    let mut outs = Vec::new();
+                    stacked.matmul(&lhs, &mut outs).unwrap();
+                    for (i, part) in parts(kernels).iter().enumerate() {
+                        let mut want = vec![0f32; m * part.rows()];
+                        part.matmul(&lhs, &mut want).unwrap();
                         let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
-                        assert_eq!(
-                            bits(got),
-                            bits(want),
-                            "{kernels}, part {i}, {m} rows, row {r}"
-                        );
+                        for (r, want) in want.chunks(part.rows()).enumerate() {
+                            let got = stacked.part(&outs, i, r);
+                            assert_eq!(
+                                bits(got),
+                                bits(want),
+                                "{kernels}, part {i}, {m} rows, row {r}"
+                            );
+                        }
                     }
                 }
             }

@@ -492,17 +492,17 @@ impl Transformer {
         let mut proj = vec![0f32; m * d];
         let mut g = vec![0f32; m * ffd];
         // The stacked products' outputs, by run.
-        let mut out = Vec::new();
+        let (mut qkv, mut gate_up) = (Vec::new(), Vec::new());
         for (li, l) in w.layers.iter().enumerate() {
             time(Section::Norm, || {
                 rms_norm(&x, &l.attn_norm, c.rms_eps, &mut h)
             });
             time(Section::Qkv, || -> Result<()> {
-                l.qkv.matmul(&h, &mut out)?;
+                l.qkv.matmul(&h, &mut qkv)?;
                 for (i, x) in [&mut q, &mut k, &mut v].into_iter().enumerate() {
                     let width = x.len() / m;
                     for (r, row) in x.chunks_mut(width).enumerate() {
-                        row.copy_from_slice(l.qkv.part(&out, i, r));
+                        row.copy_from_slice(l.qkv.part(&qkv, i, r));
                     }
                 }
                 add_bias(&mut q, l.bias_q.as_deref());
@@ -536,9 +536,10 @@ impl Transformer {
                 rms_norm(&x, &l.ffn_norm, c.rms_eps, &mut h)
             });
             time(Section::GateUp, || -> Result<()> {
-                l.gate_up.matmul(&h, &mut out)?;
+                l.gate_up.matmul(&h, &mut gate_up)?;
                 for (r, row) in g.chunks_mut(ffd).enumerate() {
-                    let (gate, up) = (l.gate_up.part(&out, 0, r), l.gate_up.part(&out, 1, r));
+                    let part = |i| l.gate_up.part(&gate_up, i, r);
+                    let (gate, up) = (part(0), part(1));
                     match c.activation {
                         Activation::Silu => silu_mul(gate, up, row),
                         Activation::GeluTanh => gelu_tanh_mul(gate, up, row),

@@ -646,7 +646,7 @@ impl Block for PackedQ5KPlanes {
 
     #[inline(always)]
     unsafe fn vectors(&self, h: usize) -> [__m256i; 4] {
-        q5_0_vectors::<Whole>(self.low.qs.as_ptr(), self.qh.as_ptr(), h)
+        five_bit_vectors::<Whole>(self.low.qs.as_ptr(), self.qh.as_ptr(), h)
     }
 
     #[inline(always)]
@@ -779,7 +779,7 @@ impl Block for PackedQ6K<NARROW> {
 /// # Safety
 /// The CPU must have AVX2; the pointers are the block's fields; `h < 2`.
 #[inline(always)]
-unsafe fn q5_0_vectors<L: Lanes>(qs: *const u8, qh: *const u8, h: usize) -> [__m256i; 4] {
+unsafe fn five_bit_vectors<L: Lanes>(qs: *const u8, qh: *const u8, h: usize) -> [__m256i; 4] {
     let low = nibbles::<L>(qs, h);
     let planes = L::vector(qh, 0);
     // Bit z of each byte to bit 4 (16-bit shifts: the mask drops what crosses bytes).
@@ -933,7 +933,7 @@ macro_rules! per32_blocks {
 
 per32_blocks! {
     PackedQ5_0Planes, HalfQ5_0Planes: offset 16, min none, wide false,
-        |b, L, h| q5_0_vectors::<L>(b.qs.as_ptr(), b.qh.as_ptr(), h),
+        |b, L, h| five_bit_vectors::<L>(b.qs.as_ptr(), b.qh.as_ptr(), h),
         |w, a, h| centered(w, a, h);
     PackedQ8_0<NARROW>, HalfQ8_0: offset 0, min none, wide true,
         |b, L, h| q8_0_vectors::<L>(b.qs.as_ptr(), h),
@@ -948,7 +948,7 @@ per32_blocks! {
     // Values up to 31 with no offset to take off: four vectors' products fit in 16 bits
     // (4 * 2 * 127 * 31 = 31,496), eight would not, so each half widens.
     PackedQ5_1Planes, HalfQ5_1Planes: offset 0, min m, wide true,
-        |b, L, h| q5_0_vectors::<L>(b.qs.as_ptr(), b.qh.as_ptr(), h),
+        |b, L, h| five_bit_vectors::<L>(b.qs.as_ptr(), b.qh.as_ptr(), h),
         |w, a, h| widen32::<false>(products(w, a, 4 * h));
 }
 

@@ -523,10 +523,6 @@ fn five_bit_values(qs: &[u8; 16], qh: [u8; 4]) -> [u8; 32] {
     std::array::from_fn(|j| low[j] | (((qh >> j) & 1) as u8) << 4)
 }
 
-fn q5_0_values(b: &Q5_0) -> [u8; 32] {
-    five_bit_values(&b.qs, b.qh)
-}
-
 /// Eight 32-value blocks' values, in order.
 fn values8<T>(b: [&T; 8], values: impl Fn(&T) -> [u8; 32]) -> Values {
     let mut out = [0u8; QK];
@@ -684,7 +680,7 @@ impl<const V: usize> PackedBlock for PackedQ6K<V> {
 
 impl PackedQ5_0 {
     fn new(b: [&Q5_0; 8]) -> Self {
-        let values = values8(b, q5_0_values);
+        let values = values8(b, |b| five_bit_values(&b.qs, b.qh));
         Self {
             d: b.map(|b| b.d),
             qs: pack_nibbles::<WIDE>(&values),
@@ -705,7 +701,7 @@ impl PackedBlock for PackedQ5_0 {
 
 impl PackedQ5_0Planes {
     fn new(b: [&Q5_0; 8]) -> Self {
-        let values = values8(b, q5_0_values);
+        let values = values8(b, |b| five_bit_values(&b.qs, b.qh));
         Self {
             d: b.map(|b| b.d),
             qs: pack_nibbles::<NARROW>(&values),

@@ -5,9 +5,9 @@
 //! multiply-adds, not another pass over the weights (which is what a one-token decode is bound
 //! by). The weights are repacked at load time into the layout of the family that multiplies
 //! them ([`layout`]): AVX-512 VNNI ([`avx512`], Q4_K, Q5_K, Q6_K, Q5_0, Q8_0, on 64-byte
-//! vectors) and AVX2 with FMA and F16C ([`avx2`], the same five plus Q4_0, Q4_1 and Q5_1, on 32-byte
-//! vectors; on an AVX-512 machine it also runs the formats the AVX-512 family lacks). AVX-VNNI
-//! runs AVX2's layout with `vpdpbusd` for its products, to the same bits.
+//! vectors) and AVX2 with FMA and F16C ([`avx2`], the same five plus Q4_0, Q4_1 and Q5_1, on
+//! 32-byte vectors; on an AVX-512 machine it also runs the formats the AVX-512 family lacks).
+//! AVX-VNNI runs AVX2's layout with `vpdpbusd` for its products, to the same bits.
 //!
 //! Row independence is by construction in all: for each (weight row, activation row) pair
 //! the arithmetic is the same sequence of operations whatever the number of rows (integer sums
@@ -315,8 +315,8 @@ impl Packed {
         unsafe {
             assert!(self.kernels.runs_here());
             // AVX2's layout, multiplied with `vpdpbusd` where the family has it: the same bits
-            // in fewer instructions. The AVX-512 family runs the formats it lacks (Q4_0, Q4_1, Q5_1)
-            // with the EVEX form every AVX-512 VNNI CPU has.
+            // in fewer instructions. The AVX-512 family runs the formats it lacks (Q4_0, Q4_1,
+            // Q5_1) with the EVEX form every AVX-512 VNNI CPU has.
             macro_rules! narrow {
                 ($b:expr) => {
                     match self.kernels {
