@@ -231,7 +231,7 @@ impl QWeight {
     /// stored alike (packed for the same kernels, or not) and as long: multiplying the stack
     /// gives each part's outputs bit for bit (every output depends only on its own weight row
     /// and activation row), with the activations quantized once and one pass of the threads.
-    pub fn stack(parts: &[&QWeight]) -> Option<Self> {
+    fn stack(parts: &[&QWeight]) -> Option<Self> {
         let cols = parts.first()?.cols;
         if parts.iter().any(|p| p.cols != cols) {
             return None;
