@@ -151,9 +151,9 @@ pub(super) struct ActBlock {
     ///   where a half's chain of `vpdpbusd` starts, so that it ends on the true values' sums.
     offsets: [HalfOffsets; 2],
     sums32: [f32; 8],
-    /// The scale of each 32 values (all `d` with one scale per block).
+    /// The scale of each 32 values (all the block's one scale where the weights have one
+    /// per block), read as a vector: a block's scale times a weight block's is one `vmulps`.
     d32: [f32; 8],
-    d: f32,
 }
 
 /// A half's offsets ([`ActBlock::offsets`]): per 16-bit product (AVX2) or per 32-bit lane
@@ -183,7 +183,6 @@ impl ActBlock {
             offsets: [HalfOffsets { lanes: [0; 8] }; 2],
             sums32: [f32::NAN; 8],
             d32: [f32::NAN; 8],
-            d: f32::NAN,
         }
     }
 
@@ -240,7 +239,6 @@ impl ActBlock {
             offsets: [HalfOffsets { lanes: [0; 8] }; 2],
             sums32: [0.0; 8],
             d32,
-            d: amax / 127.0,
         };
         // Lane l of vector z holds values 32l + 4z .. 32l + 4z + 4.
         let lanes = block.qs.as_mut_ptr() as *mut [i8; 4];
@@ -682,7 +680,7 @@ impl Block for PackedQ5KPlanes {
 /// The CPU must have AVX2 and FMA.
 #[inline(always)]
 unsafe fn q4k_scaled(s: &ScalesQ4K, sums: __m256, a: &ActBlock, acc: __m256) -> __m256 {
-    let scale = _mm256_mul_ps(s.d, _mm256_broadcast_ss(&a.d));
+    let scale = _mm256_mul_ps(s.d, _mm256_load_ps(a.d32.as_ptr()));
     let acc = _mm256_fmadd_ps(sums, scale, acc);
     _mm256_fnmadd_ps(_mm256_load_ps(a.sums32.as_ptr()), s.offset, acc)
 }
@@ -758,7 +756,7 @@ impl Block for PackedQ6K<NARROW> {
 
     #[inline(always)]
     unsafe fn scaled_vnni(s: &ScalesQ6K, sums: __m256i, a: &ActBlock, acc: __m256) -> __m256 {
-        let scale = _mm256_mul_ps(s.d, _mm256_broadcast_ss(&a.d));
+        let scale = _mm256_mul_ps(s.d, _mm256_load_ps(a.d32.as_ptr()));
         _mm256_fmadd_ps(_mm256_castsi256_ps(sums), scale, acc)
     }
 
@@ -769,7 +767,7 @@ impl Block for PackedQ6K<NARROW> {
 
     #[inline(always)]
     unsafe fn scaled(s: &ScalesQ6K, ints: __m256i, a: &ActBlock, acc: __m256) -> __m256 {
-        let scale = _mm256_mul_ps(s.d, _mm256_broadcast_ss(&a.d));
+        let scale = _mm256_mul_ps(s.d, _mm256_load_ps(a.d32.as_ptr()));
         _mm256_fmadd_ps(_mm256_cvtepi32_ps(ints), scale, acc)
     }
 }

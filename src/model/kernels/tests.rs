@@ -434,7 +434,8 @@ fn kernel_family_settings() {
 }
 
 /// Development timing (not a test of speed): `KT=k,n [CASCADE_KERNELS=avx512] cargo test
-/// --release --lib kernel_timing -- --ignored --nocapture` (AVX2 unless the family is named).
+/// --release --lib kernel_timing -- --ignored --nocapture` (AVX2 unless the family is named);
+/// `KFMT=q6k` times one format, `KM=8,16` those row counts.
 #[test]
 #[ignore]
 fn kernel_timing() {
@@ -472,10 +473,17 @@ fn kernel_timing() {
         ("q4_1", Packed::new(Q4_1(&w41), k, family)),
         ("q5_1", Packed::new(Q5_1(&w51), k, family)),
     ];
+    let only = std::env::var("KFMT").ok();
+    let ms: Vec<usize> = std::env::var("KM")
+        .map(|v| v.split(',').map(|x| x.parse().unwrap()).collect())
+        .unwrap_or(vec![1, 2, 4, 8, 16]);
     for (name, p) in &all {
+        if only.as_deref().is_some_and(|o| o != *name) {
+            continue;
+        }
         let k = if name.ends_with('k') { kq } else { k };
         let mut line = format!("{name} k={k} n={n}:");
-        for m in [1usize, 2, 4, 8, 16] {
+        for &m in &ms {
             let lhs = random(m * k, 2);
             let mut dst = vec![0f32; m * n];
             let best = (0..15)
