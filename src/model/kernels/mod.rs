@@ -155,25 +155,34 @@ enum Blocks {
     Q5_1Planes(Rows<layout::PackedQ5_1Planes, layout::HalfQ5_1Planes>),
 }
 
-/// Applies `$f` to the packed rows, whatever their format.
+/// `$f` over the packed rows `$b` of `$blocks`, whatever their format; in `$f`, `$variant` is
+/// their variant's constructor (`fn(Rows<..>) -> Blocks`), and `$same` takes another value's
+/// rows if it is of that variant (`fn(&Blocks) -> Option<&Rows<..>>`).
 macro_rules! each_format {
-    ($blocks:expr, $b:ident => $f:expr) => {
+    ($blocks:expr, |$b:ident, $variant:ident, $same:ident| $f:expr) => {
+        each_format!(@ $blocks, $b, $variant, $same, $f;
+            Q4K, Q5K, Q6K, Q5_0, Q8_0, Q4KNarrow, Q5KPlanes, Q6KNarrow, Q5_0Planes, Q8_0Narrow,
+            Q4_0, Q4_1, Q5_1Planes)
+    };
+    (@ $blocks:expr, $b:ident, $variant:ident, $same:ident, $f:expr; $($v:ident),*) => {
         match $blocks {
-            Blocks::Q4K($b) => $f,
-            Blocks::Q5K($b) => $f,
-            Blocks::Q6K($b) => $f,
-            Blocks::Q5_0($b) => $f,
-            Blocks::Q8_0($b) => $f,
-            Blocks::Q4KNarrow($b) => $f,
-            Blocks::Q5KPlanes($b) => $f,
-            Blocks::Q6KNarrow($b) => $f,
-            Blocks::Q5_0Planes($b) => $f,
-            Blocks::Q8_0Narrow($b) => $f,
-            Blocks::Q4_0($b) => $f,
-            Blocks::Q4_1($b) => $f,
-            Blocks::Q5_1Planes($b) => $f,
+            $(Blocks::$v($b) => {
+                #[allow(unused_variables)]
+                let $variant = Blocks::$v;
+                #[allow(unused_variables)]
+                let $same = rows_of(|x| match x {
+                    Blocks::$v(rows) => Some(rows),
+                    _ => None,
+                });
+                $f
+            })*
         }
     };
+}
+
+/// `f` as it is, typed to return rows borrowed from its argument ([`each_format`]'s `$same`).
+fn rows_of<T, F: Fn(&Blocks) -> Option<&T>>(f: F) -> F {
+    f
 }
 
 /// The formats the kernels multiply, as candle's blocks.
@@ -241,21 +250,9 @@ impl Packed {
     /// stored one after another, so their blocks are copied as they are.
     pub fn select_rows(&self, rows: &[u32], cols: usize) -> Self {
         let kb = cols.div_ceil(QK);
-        let blocks = match &self.blocks {
-            Blocks::Q4K(b) => Blocks::Q4K(b.select(rows, kb)),
-            Blocks::Q5K(b) => Blocks::Q5K(b.select(rows, kb)),
-            Blocks::Q6K(b) => Blocks::Q6K(b.select(rows, kb)),
-            Blocks::Q5_0(b) => Blocks::Q5_0(b.select(rows, kb)),
-            Blocks::Q8_0(b) => Blocks::Q8_0(b.select(rows, kb)),
-            Blocks::Q4KNarrow(b) => Blocks::Q4KNarrow(b.select(rows, kb)),
-            Blocks::Q5KPlanes(b) => Blocks::Q5KPlanes(b.select(rows, kb)),
-            Blocks::Q6KNarrow(b) => Blocks::Q6KNarrow(b.select(rows, kb)),
-            Blocks::Q5_0Planes(b) => Blocks::Q5_0Planes(b.select(rows, kb)),
-            Blocks::Q8_0Narrow(b) => Blocks::Q8_0Narrow(b.select(rows, kb)),
-            Blocks::Q4_0(b) => Blocks::Q4_0(b.select(rows, kb)),
-            Blocks::Q4_1(b) => Blocks::Q4_1(b.select(rows, kb)),
-            Blocks::Q5_1Planes(b) => Blocks::Q5_1Planes(b.select(rows, kb)),
-        };
+        let blocks = each_format!(&self.blocks, |b, variant, _same| variant(
+            b.select(rows, kb)
+        ));
         Self {
             blocks,
             kernels: self.kernels,
@@ -269,26 +266,10 @@ impl Packed {
         if parts.iter().any(|p| p.kernels != kernels) {
             return None;
         }
-        macro_rules! stacked {
-            ($($variant:ident),*) => {
-                match &parts[0].blocks {
-                    $(Blocks::$variant(_) => {
-                        let rows: Option<Vec<_>> = parts
-                            .iter()
-                            .map(|p| match &p.blocks {
-                                Blocks::$variant(b) => Some(b),
-                                _ => None,
-                            })
-                            .collect();
-                        Blocks::$variant(layout::Rows::stack(&rows?)?)
-                    })*
-                }
-            };
-        }
-        let blocks = stacked!(
-            Q4K, Q5K, Q6K, Q5_0, Q8_0, Q4KNarrow, Q5KPlanes, Q6KNarrow, Q5_0Planes, Q8_0Narrow,
-            Q4_0, Q4_1, Q5_1Planes
-        );
+        let blocks = each_format!(&parts[0].blocks, |_b, variant, same| {
+            let rows: Option<Vec<_>> = parts.iter().map(|p| same(&p.blocks)).collect();
+            variant(layout::Rows::stack(&rows?)?)
+        });
         Some(Self { blocks, kernels })
     }
 
@@ -297,7 +278,8 @@ impl Packed {
         let kb = dst.len().div_ceil(QK);
         let mut block = [0f32; QK];
         for (i, y) in dst.chunks_mut(QK).enumerate() {
-            each_format!(&self.blocks, p => p.dequantize(row, i, kb, &mut block));
+            each_format!(&self.blocks, |p, _variant, _same| p
+                .dequantize(row, i, kb, &mut block));
             y.copy_from_slice(&block[..y.len()]);
         }
     }
