@@ -151,8 +151,8 @@ pub(super) struct ActBlock {
     ///   where a half's chain of `vpdpbusd` starts, so that it ends on the true values' sums.
     offsets: [HalfOffsets; 2],
     sums32: [f32; 8],
-    /// The scale of each 32 values (all the block's one scale where the weights have one
-    /// per block), read as a vector: a block's scale times a weight block's is one `vmulps`.
+    /// The scale of each 32 values (eight copies of the block's scale where the weights have
+    /// one per block): the kernels multiply it by a weight block's scale in one `vmulps`.
     d32: [f32; 8],
 }
 

@@ -155,21 +155,15 @@ enum Blocks {
     Q5_1Planes(Rows<layout::PackedQ5_1Planes, layout::HalfQ5_1Planes>),
 }
 
-/// `$f` over the packed rows `$b` of `$blocks`, whatever their format; in `$f`, `$variant` is
-/// their variant's constructor (`fn(Rows<..>) -> Blocks`), and `$same` takes another value's
-/// rows if it is of that variant (`fn(&Blocks) -> Option<&Rows<..>>`).
+/// `$f` over the packed rows `$b` of `$blocks`, whatever their format. `$f` is pasted into
+/// each arm (not a closure: `?` in it returns from the enclosing function), where `$variant` is
+/// the arm's constructor (`Blocks::Q4K`, ...) and `$same` a closure that takes another
+/// `&Blocks`'s rows if it is of the same variant (`Option<&Rows<..>>`).
 macro_rules! each_format {
-    ($blocks:expr, |$b:ident, $variant:ident, $same:ident| $f:expr) => {
-        each_format!(@ $blocks, $b, $variant, $same, $f;
-            Q4K, Q5K, Q6K, Q5_0, Q8_0, Q4KNarrow, Q5KPlanes, Q6KNarrow, Q5_0Planes, Q8_0Narrow,
-            Q4_0, Q4_1, Q5_1Planes)
-    };
     (@ $blocks:expr, $b:ident, $variant:ident, $same:ident, $f:expr; $($v:ident),*) => {
         match $blocks {
             $(Blocks::$v($b) => {
-                #[allow(unused_variables)]
                 let $variant = Blocks::$v;
-                #[allow(unused_variables)]
                 let $same = rows_of(|x| match x {
                     Blocks::$v(rows) => Some(rows),
                     _ => None,
@@ -177,6 +171,11 @@ macro_rules! each_format {
                 $f
             })*
         }
+    };
+    ($blocks:expr, |$b:ident, $variant:ident, $same:ident| $f:expr) => {
+        each_format!(@ $blocks, $b, $variant, $same, $f;
+            Q4K, Q5K, Q6K, Q5_0, Q8_0, Q4KNarrow, Q5KPlanes, Q6KNarrow, Q5_0Planes, Q8_0Narrow,
+            Q4_0, Q4_1, Q5_1Planes)
     };
 }
 

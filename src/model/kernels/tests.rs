@@ -477,6 +477,10 @@ fn kernel_timing() {
     let ms: Vec<usize> = std::env::var("KM")
         .map(|v| v.split(',').map(|x| x.parse().unwrap()).collect())
         .unwrap_or(vec![1, 2, 4, 8, 16]);
+    let names: Vec<&str> = all.iter().map(|(name, _)| *name).collect();
+    if let Some(name) = only.as_deref().filter(|n| !names.contains(n)) {
+        panic!("KFMT={name}: not one of {names:?}");
+    }
     for (name, p) in &all {
         if only.as_deref().is_some_and(|o| o != *name) {
             continue;
