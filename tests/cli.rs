@@ -411,7 +411,7 @@ fn errors_are_reported_without_a_panic() {
     .unwrap();
     assert_eq!(
         bench_error(&["-p", suite.to_str().unwrap()]),
-        "cascade: --prompts: prompt 1 of the suite (chat) is empty"
+        "cascade: --prompts: the prompt on line 2 of the suite (chat) is empty"
     );
     // A report whose target costs are unusable, and one of another schema.
     let report = dir.path().join("report.json");

@@ -822,6 +822,7 @@ fn a_failing_generation_ends_a_bench_with_the_runs_before_it() {
         category: "code".into(),
         prompt: text.into(),
         chat: false,
+        line: 0,
     };
     let suite = [prompt("def add(a, b):"), prompt("def sub(a, b):")];
     let opts = BenchOptions {

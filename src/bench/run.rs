@@ -285,9 +285,13 @@ pub fn run(
             }
             _ => continue,
         };
+        let which = match p.line {
+            0 => format!("prompt {} of the suite", i + 1),
+            line => format!("the prompt on line {line} of the suite"),
+        };
         return Err(Error::config(
             "--prompts",
-            format!("prompt {i} of the suite ({}) {problem}", p.category),
+            format!("{which} ({}) {problem}", p.category),
         ));
     }
     let n = engines.len();
@@ -380,6 +384,7 @@ pub fn compare(
         category: "prompt".into(),
         prompt: text.to_string(),
         chat: plan.chat,
+        line: 0,
     };
     let mut records = Vec::new();
     let mut pairs = Vec::new();

@@ -16,6 +16,10 @@ pub struct SuitePrompt {
     /// Wrap the prompt in the model's chat template.
     #[serde(default)]
     pub chat: bool,
+    /// The line of the suite file it was read from (from 1; 0 if not read from a file), for
+    /// error messages.
+    #[serde(skip)]
+    pub line: usize,
 }
 
 /// Reads a JSONL prompt suite; errors name the line.
@@ -31,8 +35,9 @@ pub fn load_suite(path: &Path) -> Result<Vec<SuitePrompt>> {
         .filter(|(_, l)| !l.trim().is_empty())
         .map(|(i, l)| {
             let at = || format!("{}:{}", path.display(), i + 1);
-            let p: SuitePrompt =
+            let mut p: SuitePrompt =
                 serde_json::from_str(l).map_err(|e| Error::config(at(), e.to_string()))?;
+            p.line = i + 1;
             if p.category == "all" {
                 return Err(Error::config(
                     at(),
