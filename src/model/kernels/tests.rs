@@ -475,7 +475,15 @@ fn kernel_timing() {
     ];
     let only = std::env::var("KFMT").ok();
     let ms: Vec<usize> = std::env::var("KM")
-        .map(|v| v.split(',').map(|x| x.parse().unwrap()).collect())
+        .map(|v| {
+            v.split(',')
+                .map(|x| {
+                    x.trim()
+                        .parse()
+                        .expect("KM: row counts separated by commas")
+                })
+                .collect()
+        })
         .unwrap_or(vec![1, 2, 4, 8, 16]);
     let names: Vec<&str> = all.iter().map(|(name, _)| *name).collect();
     if let Some(name) = only.as_deref().filter(|n| !names.contains(n)) {
