@@ -371,13 +371,20 @@ impl Unpack for HalfQ8_0Wide {
 /// activation vector comes from L2, whose bandwidth, not the multiply-adds, then bounds a
 /// block, and sharing each load between two weight rows halves that traffic (measured with
 /// the `kernel_timing` test: the 1.5B's `down` shape, 35 blocks a row, 21-29% less time per
-/// product at 4-8 rows; while the activations stay in L1, pairs gain nothing and were up to
-/// 9% slower, at 2 rows).
+/// product at 4-8 rows on an Intel Xeon).
 const L1_ACTS: usize = 32 << 10;
+
+/// From how many activation rows weight rows go in pairs even while the activations stay in
+/// L1. With the weights streaming from memory, pairs gain where the multiply-adds bound a
+/// block: on an AMD EPYC Zen 5 (`kernel_timing`, `KT=1536,151936`, 131-191 MB) Q4_K and Q6_K
+/// 15-18% less time per product at 8 rows and 0-13% at 6, but 20-30% more at 2-4 rows, where
+/// the memory bounds it. On an Intel Xeon, pairs gained nothing while the activations stayed
+/// in L1 (and were up to 9% slower at 2 rows).
+const PAIRS_FROM: usize = 6;
 
 /// Whether a tile of `rows` activation rows of `kb` blocks goes in weight-row pairs.
 fn in_pairs(rows: usize, kb: usize) -> bool {
-    rows > 1 && rows * kb * std::mem::size_of::<ActBlock>() > L1_ACTS
+    rows >= PAIRS_FROM || (rows > 1 && rows * kb * std::mem::size_of::<ActBlock>() > L1_ACTS)
 }
 
 /// Weight rows `js` (each `kb` blocks of `w`) against `rows` activation rows
