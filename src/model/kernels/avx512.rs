@@ -4,8 +4,8 @@
 //! fused multiply-add, with the scales applied per 32-bit lane after the integer sums. Formats
 //! stored plus a constant start their integer sums from minus its products (exact, and free);
 //! Q4_K's and Q5_K's mins take a second fused multiply-add. Weight blocks are unpacked once for all
-//! activation rows; when the activation rows outgrow L1 ([`in_pairs`]), weight rows go in pairs
-//! so that each activation vector is loaded once for both.
+//! activation rows; from 6 activation rows, or when they outgrow L1 ([`in_pairs`]), weight rows
+//! go in pairs so that each activation vector is loaded once for both.
 
 use super::layout::{
     f16_to_f32, HalfQ5_0, HalfQ8_0Wide, PackedQ4K, PackedQ5KWide, PackedQ5_0, PackedQ6K,
@@ -377,9 +377,9 @@ const L1_ACTS: usize = 32 << 10;
 /// From how many activation rows weight rows go in pairs even while the activations stay in
 /// L1. With the weights streaming from memory, pairs gain where the multiply-adds bound a
 /// block: on an AMD EPYC Zen 5 (`kernel_timing`, `KT=1536,151936`, 131-191 MB) Q4_K and Q6_K
-/// 15-18% less time per product at 8 rows and 0-13% at 6, but 20-30% more at 2-4 rows, where
-/// the memory bounds it. On an Intel Xeon, pairs gained nothing while the activations stayed
-/// in L1 (and were up to 9% slower at 2 rows).
+/// took 0-20% less time per product at 6 rows, 8-20% at 8 and 19-22% at 12, but up to 46% more
+/// at 2-4 rows, where the memory bounds it. On an Intel Xeon, pairs gained nothing while the
+/// activations stayed in L1 (and were up to 9% slower at 2 rows).
 const PAIRS_FROM: usize = 6;
 
 /// Whether a tile of `rows` activation rows of `kb` blocks goes in weight-row pairs.
@@ -388,9 +388,9 @@ fn in_pairs(rows: usize, kb: usize) -> bool {
 }
 
 /// Weight rows `js` (each `kb` blocks of `w`) against `rows` activation rows
-/// (`acts[r * kb + b]`), block by block. When the activation rows outgrow L1 ([`in_pairs`]),
-/// weight rows go in pairs so that each activation vector is loaded once for both; every
-/// (weight row, activation row) pair goes through the same operations either way.
+/// (`acts[r * kb + b]`), block by block. From 6 activation rows, or when they outgrow L1
+/// ([`in_pairs`]), weight rows go in pairs so that each activation vector is loaded once for
+/// both; every (weight row, activation row) pair goes through the same operations either way.
 ///
 /// # Safety
 /// The CPU must have AVX-512 F, BW and VNNI. Slice lengths are checked here.

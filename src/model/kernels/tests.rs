@@ -258,7 +258,7 @@ fn check<T: GgmlType>(pack: Pack<T>, k: usize, candle_tol: Option<f32>) {
 #[test]
 fn q4k_kernels_match_references() {
     // 12 blocks: on AVX2, 19 rows reduce in three slabs, fewer rows in one; on AVX-512, tiles of
-    // 8 rows and more outgrow L1 and go in weight-row pairs (`in_pairs`), fewer rows one by one.
+    // 6 rows and more go in weight-row pairs (`in_pairs`), fewer rows one by one.
     check(Q4K, 3072, Some(1e-4));
 }
 
