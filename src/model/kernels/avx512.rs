@@ -4,7 +4,7 @@
 //! fused multiply-add, with the scales applied per 32-bit lane after the integer sums. Formats
 //! stored plus a constant start their integer sums from minus its products (exact, and free);
 //! Q4_K's and Q5_K's mins take a second fused multiply-add. Weight blocks are unpacked once for all
-//! activation rows; from 6 activation rows, or when they outgrow L1 ([`in_pairs`]), weight rows
+//! activation rows; from 9 activation rows, or when they outgrow L1 ([`in_pairs`]), weight rows
 //! go in pairs so that each activation vector is loaded once for both.
 
 use super::layout::{
@@ -375,20 +375,33 @@ impl Unpack for HalfQ8_0Wide {
 const L1_ACTS: usize = 32 << 10;
 
 /// From how many activation rows weight rows go in pairs even while the activations stay in
-/// L1. With the weights streaming from memory, pairs gain where the multiply-adds bound a
-/// block: on an AMD EPYC Zen 5 (`kernel_timing`, `KT=1536,151936`, 131-191 MB) Q4_K and Q6_K
-/// took 0-20% less time per product at 6 rows, 8-20% at 8 and 19-22% at 12, but up to 46% more
-/// at 2-4 rows, where the memory bounds it. On an Intel Xeon, pairs gained nothing while the
-/// activations stayed in L1 (and were up to 9% slower at 2 rows).
-const PAIRS_FROM: usize = 6;
+/// L1. Pairs gain where the loads and multiply-adds bound a block, not the memory: on an AMD
+/// EPYC Zen 5 (`kernel_timing`, `KT=1536,151936`: 131-191 MB streaming from memory) Q4_K and
+/// Q6_K took 19-22% less time per product at 12 rows than one weight row at a time with the
+/// accumulators in memory, but up to 46% more at 2-4 rows. One weight row with its
+/// accumulators in registers ([`packed_tile`]) is faster still up to 8 rows (Q4_K 0.62-0.64
+/// ns at 8 rows against the pairs' 0.65-0.67, Q6_K 0.65-0.67 against 0.72-0.75) and as fast at
+/// 10-12. On an Intel Xeon, pairs gained nothing while the activations stayed in L1.
+const PAIRS_FROM: usize = 9;
 
 /// Whether a tile of `rows` activation rows of `kb` blocks goes in weight-row pairs.
 fn in_pairs(rows: usize, kb: usize) -> bool {
     rows >= PAIRS_FROM || (rows > 1 && rows * kb * std::mem::size_of::<ActBlock>() > L1_ACTS)
 }
 
+/// `$f::<.., N>` for `N` the row count `$rows` if it is one of the `$n`, else `$f::<.., 0>`
+/// (the count read at run time).
+macro_rules! by_count {
+    ($rows:expr, $f:ident::<$b:ty, $h:ty>, $($n:literal),*) => {
+        match $rows {
+            $($n => $f::<$b, $h, $n>,)*
+            _ => $f::<$b, $h, 0>,
+        }
+    };
+}
+
 /// Weight rows `js` (each `kb` blocks of `w`) against `rows` activation rows
-/// (`acts[r * kb + b]`), block by block. From 6 activation rows, or when they outgrow L1
+/// (`acts[r * kb + b]`), block by block. From 9 activation rows, or when they outgrow L1
 /// ([`in_pairs`]), weight rows go in pairs so that each activation vector is loaded once for
 /// both; every (weight row, activation row) pair goes through the same operations either way.
 ///
@@ -412,14 +425,30 @@ unsafe fn packed_tile<B: Unpack, H: Unpack>(
     // In pairs, the next pair's rows are prefetched (`Weights::in_groups_of`).
     let grouped = w.in_groups_of(2);
     let w = if pairs { &grouped } else { w };
+    // A few activation rows go through a copy of the loop for their count, whose accumulators
+    // stay in registers: up to 8 for one weight row; for pairs up to 6, as 2 x 6 accumulators,
+    // two unpacked blocks and an activation block fill the 32 vector registers.
+    type OneRow<B, H> =
+        unsafe fn(&Weights<B, H>, usize, &[ActBlock], usize, usize, &mut [f32; MAX_ROWS]);
+    type TwoRows<B, H> = unsafe fn(
+        &Weights<B, H>,
+        usize,
+        &[ActBlock],
+        usize,
+        usize,
+        &mut [f32; MAX_ROWS],
+        &mut [f32; MAX_ROWS],
+    );
+    let one: OneRow<B, H> = by_count!(rows, one_row::<B, H>, 1, 2, 3, 4, 5, 6, 7, 8);
+    let two: TwoRows<B, H> = by_count!(rows, two_rows::<B, H>, 2, 3, 4, 5, 6);
     let mut i = 0;
     while i < js.len() {
         if pairs && i + 1 < js.len() {
             let [o0, o1] = out.get_disjoint_mut([i, i + 1]).unwrap();
-            two_rows(w, first + i, acts, kb, rows, o0, o1);
+            two(w, first + i, acts, kb, rows, o0, o1);
             i += 2;
         } else {
-            one_row(w, first + i, acts, kb, rows, &mut out[i]);
+            one(w, first + i, acts, kb, rows, &mut out[i]);
             i += 1;
         }
     }
@@ -464,13 +493,14 @@ unsafe fn load_act(a: &ActBlock) -> [__m512i; 4] {
     std::array::from_fn(|z| _mm512_load_si512(q.add(z)))
 }
 
-/// Weight row `j` against each activation row.
+/// Weight row `j` against each activation row: `N` of them if `N` is not 0 (a count known at
+/// compile time), else `rows`.
 ///
 /// # Safety
 /// The CPU must have AVX-512 F, BW and VNNI; `acts` holds `rows` rows of `kb` blocks and `w`
-/// row `j` of `kb` blocks (checked by [`packed_tile`]).
+/// row `j` of `kb` blocks (checked by [`packed_tile`]); `N` is 0 or `rows`.
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2")]
-unsafe fn one_row<B: Unpack, H: Unpack>(
+unsafe fn one_row<B: Unpack, H: Unpack, const N: usize>(
     w: &Weights<B, H>,
     j: usize,
     acts: &[ActBlock],
@@ -478,6 +508,7 @@ unsafe fn one_row<B: Unpack, H: Unpack>(
     rows: usize,
     out: &mut [f32; MAX_ROWS],
 ) {
+    let rows = if N == 0 { rows } else { N };
     let mut acc = [_mm512_setzero_ps(); MAX_ROWS];
     for b in 0..kb {
         let u = unpack(w, j, b);
@@ -490,9 +521,9 @@ unsafe fn one_row<B: Unpack, H: Unpack>(
 }
 
 /// # Safety
-/// As [`one_row`], for weight rows `j` and `j + 1`.
+/// As [`one_row`] with `N` 0, for weight rows `j` and `j + 1`.
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2")]
-unsafe fn two_rows<B: Unpack, H: Unpack>(
+unsafe fn two_rows<B: Unpack, H: Unpack, const N: usize>(
     w: &Weights<B, H>,
     j: usize,
     acts: &[ActBlock],
@@ -501,6 +532,7 @@ unsafe fn two_rows<B: Unpack, H: Unpack>(
     out0: &mut [f32; MAX_ROWS],
     out1: &mut [f32; MAX_ROWS],
 ) {
+    let rows = if N == 0 { rows } else { N };
     let mut acc0 = [_mm512_setzero_ps(); MAX_ROWS];
     let mut acc1 = [_mm512_setzero_ps(); MAX_ROWS];
     for b in 0..kb {
