@@ -426,8 +426,8 @@ unsafe fn packed_tile<B: Unpack, H: Unpack>(
     let grouped = w.in_groups_of(2);
     let w = if pairs { &grouped } else { w };
     // A few activation rows go through a copy of the loop for their count, whose accumulators
-    // stay in registers: up to 8 for one weight row; for pairs up to 6, as 2 x 6 accumulators,
-    // two unpacked blocks and an activation block fill the 32 vector registers.
+    // stay in registers: up to 8, for one weight row or for pairs (whose 2 x 8 accumulators,
+    // two unpacked blocks and an activation block take the 32 vector registers).
     type OneRow<B, H> =
         unsafe fn(&Weights<B, H>, usize, &[ActBlock], usize, usize, &mut [f32; MAX_ROWS]);
     type TwoRows<B, H> = unsafe fn(
@@ -440,7 +440,7 @@ unsafe fn packed_tile<B: Unpack, H: Unpack>(
         &mut [f32; MAX_ROWS],
     );
     let one: OneRow<B, H> = by_count!(rows, one_row::<B, H>, 1, 2, 3, 4, 5, 6, 7, 8);
-    let two: TwoRows<B, H> = by_count!(rows, two_rows::<B, H>, 2, 3, 4, 5, 6);
+    let two: TwoRows<B, H> = by_count!(rows, two_rows::<B, H>, 2, 3, 4, 5, 6, 7, 8);
     let mut i = 0;
     while i < js.len() {
         if pairs && i + 1 < js.len() {
