@@ -379,9 +379,10 @@ const L1_ACTS: usize = 32 << 10;
 /// EPYC Zen 5 (`kernel_timing`, `KT=1536,151936`: 131-191 MB streaming from memory) Q4_K and
 /// Q6_K took 19-22% less time per product at 12 rows than one weight row at a time with the
 /// accumulators in memory, but up to 46% more at 2-4 rows. One weight row with its
-/// accumulators in registers ([`packed_tile`]) is faster still up to 8 rows (Q4_K 0.62-0.64
-/// ns at 8 rows against the pairs' 0.65-0.67, Q6_K 0.65-0.67 against 0.72-0.75) and as fast at
-/// 10-12. On an Intel Xeon, pairs gained nothing while the activations stayed in L1.
+/// accumulators in registers ([`by_count`], up to 8 rows) was faster than pairs with theirs in
+/// memory at 6-8 rows (Q4_K 0.62-0.64 ns at 8 rows against 0.65-0.67, Q6_K 0.65-0.67 against
+/// 0.72-0.75); pairs keep theirs in registers too since, which has not been compared at these
+/// shapes. On an Intel Xeon, pairs gained nothing while the activations stayed in L1.
 const PAIRS_FROM: usize = 9;
 
 /// Whether a tile of `rows` activation rows of `kb` blocks goes in weight-row pairs.
@@ -422,12 +423,14 @@ unsafe fn packed_tile<B: Unpack, H: Unpack>(
             && js.len() <= out.len()
     );
     let (first, pairs) = (js.start, in_pairs(rows, kb));
-    // In pairs, the next pair's rows are prefetched (`Weights::in_groups_of`).
+    // In pairs, a later pair's rows are prefetched, the first at least `PREFETCH` bytes ahead
+    // (`Weights::in_groups_of`).
     let grouped = w.in_groups_of(2);
     let w = if pairs { &grouped } else { w };
     // A few activation rows go through a copy of the loop for their count, whose accumulators
-    // stay in registers: up to 8, for one weight row or for pairs (whose 2 x 8 accumulators,
-    // two unpacked blocks and an activation block take the 32 vector registers).
+    // stay in registers: up to 8, for one weight row or for pairs (whose 2 x 8 accumulators and
+    // two unpacked blocks take 28 of the 32 vector registers; measured faster than with the
+    // accumulators in memory).
     type OneRow<B, H> =
         unsafe fn(&Weights<B, H>, usize, &[ActBlock], usize, usize, &mut [f32; MAX_ROWS]);
     type TwoRows<B, H> = unsafe fn(
@@ -521,7 +524,7 @@ unsafe fn one_row<B: Unpack, H: Unpack, const N: usize>(
 }
 
 /// # Safety
-/// As [`one_row`] with `N` 0, for weight rows `j` and `j + 1`.
+/// As [`one_row`] (`N` is 0 or `rows`), for weight rows `j` and `j + 1`.
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2")]
 unsafe fn two_rows<B: Unpack, H: Unpack, const N: usize>(
     w: &Weights<B, H>,
