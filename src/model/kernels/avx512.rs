@@ -5,13 +5,15 @@
 //! stored plus a constant start their integer sums from minus its products (exact, and free);
 //! Q4_K's and Q5_K's mins take a second fused multiply-add. Weight blocks are unpacked once for all
 //! activation rows; from 9 activation rows, or when they outgrow L1 ([`in_pairs`]), weight rows
-//! go in pairs so that each activation vector is loaded once for both.
+//! go in pairs so that each activation vector is loaded once for both, and activation rows that
+//! outgrow L1 are taken a span of blocks at a time ([`span`]), so that they come from L2 once
+//! per tile of weight rows rather than once per weight row.
 
 use super::layout::{
     f16_to_f32, HalfQ5_0, HalfQ8_0Wide, PackedQ4K, PackedQ5KWide, PackedQ5_0, PackedQ6K,
     PackedQ8_0, QK, WIDE,
 };
-use super::{for_each_output, Part, Tile, Weights, MAX_ROWS};
+use super::{for_each_output, Part, Tile, Weights, CHUNK, MAX_ROWS};
 use std::arch::x86_64::*;
 use std::ops::Range;
 
@@ -366,12 +368,12 @@ impl Unpack for HalfQ8_0Wide {
     }
 }
 
-/// The activation bytes a tile may sweep per weight row before weight rows go in pairs: about
-/// what stays in a core's L1 data cache (32-48 KB on CPUs with AVX-512). Beyond it each
-/// activation vector comes from L2, whose bandwidth, not the multiply-adds, then bounds a
-/// block, and sharing each load between two weight rows halves that traffic (measured with
-/// the `kernel_timing` test: the 1.5B's `down` shape, 35 blocks a row, 21-29% less time per
-/// product at 4-8 rows on an Intel Xeon).
+/// The activation bytes a tile sweeps per weight row while they stay in a core's L1 data cache
+/// (32-48 KB on CPUs with AVX-512). Beyond it each activation vector would come from L2 for
+/// every weight row, whose bandwidth, not the multiply-adds, then bounds a block: the tile
+/// then goes in spans of blocks that fit ([`span`]), and its weight rows in pairs, which
+/// halves the loads (measured with the `kernel_timing` test: the 1.5B's `down` shape, 35
+/// blocks a row, 21-29% less time per product at 4-8 rows on an Intel Xeon, before spans).
 const L1_ACTS: usize = 32 << 10;
 
 /// From how many activation rows weight rows go in pairs even while the activations stay in
@@ -390,21 +392,47 @@ fn in_pairs(rows: usize, kb: usize) -> bool {
     rows >= PAIRS_FROM || (rows > 1 && rows * kb * std::mem::size_of::<ActBlock>() > L1_ACTS)
 }
 
-/// `$f::<.., N>(args)` for `N` the row count `$rows` if it is one of the listed counts, else
-/// `$f::<.., 0>(args)` (the count read at run time).
+/// `$f::<.., S, N>(args)` for `S` the value of `$spans` and `N` the row count `$rows` if it is
+/// one of the listed counts, else 0 (the count read at run time).
 macro_rules! by_count {
-    ($rows:expr, [$($n:literal),*], $f:ident::<$b:ty, $h:ty> $args:tt) => {
-        match $rows {
-            $($n => $f::<$b, $h, $n> $args,)*
-            _ => $f::<$b, $h, 0> $args,
+    ($rows:expr, [$($n:literal),*], $spans:expr, $f:ident::<$b:ty, $h:ty> $args:tt) => {
+        match ($spans, $rows) {
+            $((true, $n) => $f::<$b, $h, true, $n> $args,)*
+            $((false, $n) => $f::<$b, $h, false, $n> $args,)*
+            (true, _) => $f::<$b, $h, true, 0> $args,
+            (false, _) => $f::<$b, $h, false, 0> $args,
         }
     };
 }
 
+/// The blocks each weight row runs before the next weight row takes its turn: all `kb` while
+/// `rows` activation rows of them fit in L1 ([`L1_ACTS`]), else an even split into spans that
+/// do, so that a span's activations come from L2 once for the whole tile rather than once per
+/// weight row (the 1.5B's `down`, 35 blocks a row, outgrows L1 from 3 rows). Spans shorter
+/// than [`MIN_SPAN`] are not taken.
+fn span(rows: usize, kb: usize) -> usize {
+    let fit = (L1_ACTS / (rows.max(1) * std::mem::size_of::<ActBlock>())).max(1);
+    match kb.div_ceil(kb.div_ceil(fit)) {
+        span if span >= MIN_SPAN => span,
+        _ => kb,
+    }
+}
+
+/// The shortest span of blocks worth taking: in spans of 3 blocks (rows of 6, a little over L1
+/// at 16 rows), the 1.5B's 16-token forward took 15% longer in its `gate` and `up` and a third
+/// longer in its output projection (AMD EPYC Zen 5), while its `down` took 23% less in spans
+/// of 5.
+const MIN_SPAN: usize = 4;
+
+/// A weight row's sums against each activation row, one vector per activation row.
+type Sums = [__m512; MAX_ROWS];
+
 /// Weight rows `js` (each `kb` blocks of `w`) against `rows` activation rows
 /// (`acts[r * kb + b]`), block by block. From 9 activation rows, or when they outgrow L1
 /// ([`in_pairs`]), weight rows go in pairs so that each activation vector is loaded once for
-/// both; every (weight row, activation row) pair goes through the same operations either way.
+/// both; activation rows that outgrow L1 go in spans of blocks ([`span`]), the sums kept
+/// between spans. Every (weight row, activation row) pair goes through the same operations
+/// in the same order either way.
 ///
 /// # Safety
 /// The CPU must have AVX-512 F, BW and VNNI. Slice lengths are checked here.
@@ -422,35 +450,52 @@ unsafe fn packed_tile<B: Unpack, H: Unpack>(
             && rows.checked_mul(kb).is_some_and(|len| len <= acts.len())
             && js.len() <= out.len()
     );
-    let (first, pairs) = (js.start, in_pairs(rows, kb));
-    // In pairs, a later pair's rows are prefetched, the first at least `PREFETCH` bytes ahead
-    // (`Weights::in_groups_of`).
-    let grouped = w.in_groups_of(2);
-    let w = if pairs { &grouped } else { w };
+    let (pairs, span) = (in_pairs(rows, kb), span(rows, kb));
+    // Rows read in pairs or in spans prefetch the same block of a later row, the first at
+    // least `PREFETCH` bytes ahead (`Weights::in_groups_of`).
+    let grouped = w.in_groups_of(if pairs { 2 } else { 1 });
+    let w = if pairs || span < kb { &grouped } else { w };
+    // Sums kept between spans, set only if there are spans. Kept in a `Vec`, the kernels were
+    // inlined here despite their `#[inline(never)]` (rustc marks the calls, not the functions)
+    // and the 1,536-wide products took 15-40% longer.
+    let mut kept_store;
+    let kept: &mut [Sums] = match span < kb {
+        true => {
+            kept_store = [[_mm512_setzero_ps(); MAX_ROWS]; CHUNK];
+            &mut kept_store[..js.len()]
+        }
+        false => &mut [],
+    };
     // A few activation rows go through a copy of the loop for their count, whose accumulators
     // stay in registers: up to 8, for one weight row or for pairs (whose 2 x 8 accumulators and
     // two unpacked blocks take 28 of the 32 vector registers; measured faster than with the
     // accumulators in memory). The copies are not inlined here: inlined, Q4_K at 2-4 rows
-    // took 14-20% longer (`kernel_timing`, AMD EPYC Zen 5).
-    let mut i = 0;
-    while i < js.len() {
-        if pairs && i + 1 < js.len() {
-            let [o0, o1] = out.get_disjoint_mut([i, i + 1]).unwrap();
-            let j = first + i;
-            by_count!(
-                rows,
-                [2, 3, 4, 5, 6, 7, 8],
-                two_rows::<B, H>(w, j, acts, kb, rows, o0, o1)
-            );
-            i += 2;
-        } else {
-            let (j, o) = (first + i, &mut out[i]);
-            by_count!(
-                rows,
-                [1, 2, 3, 4, 5, 6, 7, 8],
-                one_row::<B, H>(w, j, acts, kb, rows, o)
-            );
-            i += 1;
+    // took 14-20% longer (`kernel_timing`, AMD EPYC Zen 5). Whole rows go through copies
+    // without spans (`S` false), whose code has nothing of them.
+    for bs in (0..kb).step_by(span).map(|b| b..kb.min(b + span)) {
+        let mut i = 0;
+        while i < js.len() {
+            let j = js.start + i;
+            if pairs && i + 1 < js.len() {
+                let [o0, o1] = out.get_disjoint_mut([i, i + 1]).unwrap();
+                let kept = kept.get_mut(i..i + 2).unwrap_or_default();
+                by_count!(
+                    rows,
+                    [2, 3, 4, 5, 6, 7, 8],
+                    span < kb,
+                    two_rows::<B, H>(w, j, acts, kb, rows, bs.clone(), kept, o0, o1)
+                );
+                i += 2;
+            } else {
+                let kept = kept.get_mut(i..i + 1).unwrap_or_default();
+                by_count!(
+                    rows,
+                    [1, 2, 3, 4, 5, 6, 7, 8],
+                    span < kb,
+                    one_row::<B, H>(w, j, acts, kb, rows, bs.clone(), kept, &mut out[i])
+                );
+                i += 1;
+            }
         }
     }
 }
@@ -494,53 +539,65 @@ unsafe fn load_act(a: &ActBlock) -> [__m512i; 4] {
     std::array::from_fn(|z| _mm512_load_si512(q.add(z)))
 }
 
-/// Weight row `j` against each activation row: `N` of them if `N` is not 0 (a count known at
-/// compile time), else `rows`.
+/// Blocks `bs` of weight row `j` against each activation row: `N` of them if `N` is not 0 (a
+/// count known at compile time), else `rows`. With spans (`S`), the sums start from zero at
+/// block 0, else from `kept[0]`, and end in `out` at the row's last block, else in `kept[0]`;
+/// without, `bs` is the whole row.
 ///
 /// # Safety
 /// The CPU must have AVX-512 F, BW and VNNI; `acts` holds `rows` rows of `kb` blocks and `w`
-/// row `j` of `kb` blocks (checked by [`packed_tile`]). `N` is 0 or `rows` (checked here).
+/// row `j` of `kb` blocks (checked by [`packed_tile`]). The rest is checked here.
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2")]
 #[inline(never)]
-unsafe fn one_row<B: Unpack, H: Unpack, const N: usize>(
+#[allow(clippy::too_many_arguments)]
+unsafe fn one_row<B: Unpack, H: Unpack, const S: bool, const N: usize>(
     w: &Weights<B, H>,
     j: usize,
     acts: &[ActBlock],
     kb: usize,
     rows: usize,
+    bs: Range<usize>,
+    kept: &mut [Sums],
     out: &mut [f32; MAX_ROWS],
 ) {
-    assert!(N == 0 || N == rows);
-    let rows = if N == 0 { rows } else { N };
-    let mut acc = [_mm512_setzero_ps(); MAX_ROWS];
-    for b in 0..kb {
+    let rows = checked::<S, N>(rows, kb, &bs, kept, 1);
+    let (from_kept, to_kept) = (S && bs.start > 0, S && bs.end < kb);
+    let mut acc = start(from_kept, kept, 0, rows);
+    for b in bs {
         let u = unpack(w, j, b);
         for (r, acc) in acc[..rows].iter_mut().enumerate() {
             let a = acts.get_unchecked(r * kb + b);
             *acc = block_dot::<B>(&u, &load_act(a), a, *acc);
         }
     }
-    add_each(&acc, rows, out);
+    if to_kept {
+        keep(&acc, kept, 0, rows);
+    } else {
+        add_each(&acc, rows, out);
+    }
 }
 
 /// # Safety
 /// As [`one_row`], for weight rows `j` and `j + 1`.
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2")]
 #[inline(never)]
-unsafe fn two_rows<B: Unpack, H: Unpack, const N: usize>(
+#[allow(clippy::too_many_arguments)]
+unsafe fn two_rows<B: Unpack, H: Unpack, const S: bool, const N: usize>(
     w: &Weights<B, H>,
     j: usize,
     acts: &[ActBlock],
     kb: usize,
     rows: usize,
+    bs: Range<usize>,
+    kept: &mut [Sums],
     out0: &mut [f32; MAX_ROWS],
     out1: &mut [f32; MAX_ROWS],
 ) {
-    assert!(N == 0 || N == rows);
-    let rows = if N == 0 { rows } else { N };
-    let mut acc0 = [_mm512_setzero_ps(); MAX_ROWS];
-    let mut acc1 = [_mm512_setzero_ps(); MAX_ROWS];
-    for b in 0..kb {
+    let rows = checked::<S, N>(rows, kb, &bs, kept, 2);
+    let (from_kept, to_kept) = (S && bs.start > 0, S && bs.end < kb);
+    let mut acc0 = start(from_kept, kept, 0, rows);
+    let mut acc1 = start(from_kept, kept, 1, rows);
+    for b in bs {
         let (u0, u1) = (unpack(w, j, b), unpack(w, j + 1, b));
         for r in 0..rows {
             let a = acts.get_unchecked(r * kb + b);
@@ -549,8 +606,67 @@ unsafe fn two_rows<B: Unpack, H: Unpack, const N: usize>(
             acc1[r] = block_dot::<B>(&u1, &av, a, acc1[r]);
         }
     }
-    add_each(&acc0, rows, out0);
-    add_each(&acc1, rows, out1);
+    if to_kept {
+        keep(&acc0, kept, 0, rows);
+        keep(&acc1, kept, 1, rows);
+    } else {
+        add_each(&acc0, rows, out0);
+        add_each(&acc1, rows, out1);
+    }
+}
+
+/// The row count of a kernel call (`N` if it is not 0, else `rows`), after checking the call:
+/// `N` is 0 or `rows`, at most [`MAX_ROWS`]; `bs` lies within the row and is all of it without
+/// spans (`S`); with spans `kept` holds a sum for each of the call's `weight_rows`.
+#[inline(always)]
+fn checked<const S: bool, const N: usize>(
+    rows: usize,
+    kb: usize,
+    bs: &Range<usize>,
+    kept: &[Sums],
+    weight_rows: usize,
+) -> usize {
+    assert!(
+        (N == 0 || N == rows)
+            && rows <= MAX_ROWS
+            && bs.end <= kb
+            && if S {
+                kept.len() >= weight_rows
+            } else {
+                bs.len() == kb
+            }
+    );
+    if N == 0 {
+        rows
+    } else {
+        N
+    }
+}
+
+/// The sums a weight row starts a span from: zero, or `kept[i]`'s first `rows` (element by
+/// element, so that with a fixed row count the accumulators stay in registers).
+///
+/// # Safety
+/// The CPU must have AVX-512 F; if `from_kept`, `kept` holds more than `i` sums.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2")]
+unsafe fn start(from_kept: bool, kept: &[Sums], i: usize, rows: usize) -> Sums {
+    std::array::from_fn(|r| match from_kept && r < rows {
+        true => *kept.get_unchecked(i).get_unchecked(r),
+        false => _mm512_setzero_ps(),
+    })
+}
+
+/// `acc`'s first `rows` sums into `kept[i]`.
+///
+/// # Safety
+/// The CPU must have AVX-512 F; `kept` holds more than `i` sums.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2")]
+unsafe fn keep(acc: &Sums, kept: &mut [Sums], i: usize, rows: usize) {
+    for (k, a) in kept.get_unchecked_mut(i).iter_mut().zip(acc).take(rows) {
+        *k = *a;
+    }
 }
 
 /// The lanes of each of the first `rows` accumulators added up, into `out`: with many rows,

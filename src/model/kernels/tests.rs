@@ -259,7 +259,8 @@ fn check<T: GgmlType>(pack: Pack<T>, k: usize, candle_tol: Option<f32>) {
 fn q4k_kernels_match_references() {
     // 12 blocks: on AVX2, 19 rows reduce in three slabs, fewer rows in one; on AVX-512, tiles of
     // 8 rows and more go in weight-row pairs (`in_pairs`: they outgrow L1), fewer rows one by
-    // one. 35 blocks (the 1.5B's `down`): pairs from 3 rows; 44 blocks: from 2.
+    // one. 35 blocks (the 1.5B's `down`): pairs and spans of blocks (`span`) from 3 rows; 44
+    // blocks: pairs from 2, spans from 3.
     check(Q4K, 3072, Some(1e-4));
     check(Q4K, 8960, Some(1e-4));
     check(Q4K, 11264, Some(1e-4));
