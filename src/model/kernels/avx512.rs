@@ -369,9 +369,10 @@ impl Unpack for HalfQ8_0Wide {
 }
 
 /// The activation bytes a tile sweeps per weight row while they stay in a core's L1 data cache
-/// (32-48 KB on CPUs with AVX-512). Beyond it each activation vector would come from L2 for
-/// every weight row, whose bandwidth, not the multiply-adds, then bounds a block: the tile
-/// then goes in spans of blocks that fit ([`span`]), and its weight rows in pairs, which
+/// (32-48 KB on CPUs with AVX-512; the rest holds the weight blocks and, in spans, the kept
+/// sums: up to 16 KB). Beyond it each activation vector would come from L2 for every weight
+/// row, whose bandwidth, not the multiply-adds, then bounds a block: the tile then goes in
+/// spans of blocks that fit ([`span`]), and its weight rows in pairs ([`in_pairs`]), which
 /// halves the loads (measured with the `kernel_timing` test: the 1.5B's `down` shape, 35
 /// blocks a row, 21-29% less time per product at 4-8 rows on an Intel Xeon, before spans).
 const L1_ACTS: usize = 32 << 10;
@@ -406,14 +407,15 @@ macro_rules! by_count {
 }
 
 /// The blocks each weight row runs before the next weight row takes its turn: all `kb` while
-/// `rows` activation rows of them fit in L1 ([`L1_ACTS`]), else an even split into spans that
-/// do, so that a span's activations come from L2 once for the whole tile rather than once per
-/// weight row (the 1.5B's `down`, 35 blocks a row, outgrows L1 from 3 rows). Spans shorter
-/// than [`MIN_SPAN`] are not taken.
+/// `rows` activation rows of them fit in L1 ([`L1_ACTS`]), else spans of as near equal length
+/// as fit, so that a span's activations come from L2 once for the whole tile rather than once
+/// per weight row (the 1.5B's `down`, 35 blocks a row, outgrows L1 from 3 rows: 9, 9, 9 and 8
+/// blocks at 8 rows). Spans shorter than [`MIN_SPAN`] are not taken, nor spans of one row: a
+/// one-token decode streams the weights from memory, which wants them in order.
 fn span(rows: usize, kb: usize) -> usize {
     let fit = (L1_ACTS / (rows.max(1) * std::mem::size_of::<ActBlock>())).max(1);
     match kb.div_ceil(kb.div_ceil(fit)) {
-        span if span >= MIN_SPAN => span,
+        span if span >= MIN_SPAN && rows > 1 => span,
         _ => kb,
     }
 }
@@ -456,8 +458,8 @@ unsafe fn packed_tile<B: Unpack, H: Unpack>(
     let grouped = w.in_groups_of(if pairs { 2 } else { 1 });
     let w = if pairs || span < kb { &grouped } else { w };
     // Sums kept between spans, set only if there are spans. Kept in a `Vec`, the kernels were
-    // inlined here despite their `#[inline(never)]` (rustc marks the calls, not the functions)
-    // and the 1,536-wide products took 15-40% longer.
+    // inlined here despite their `#[inline(never)]` (in this toolchain's IR the no-inline mark
+    // sat on the calls, not on the functions) and the 1,536-wide products took 15-40% longer.
     let mut kept_store;
     let kept: &mut [Sums] = match span < kb {
         true => {
@@ -471,7 +473,8 @@ unsafe fn packed_tile<B: Unpack, H: Unpack>(
     // two unpacked blocks take 28 of the 32 vector registers; measured faster than with the
     // accumulators in memory). The copies are not inlined here: inlined, Q4_K at 2-4 rows
     // took 14-20% longer (`kernel_timing`, AMD EPYC Zen 5). Whole rows go through copies
-    // without spans (`S` false), whose code has nothing of them.
+    // without spans (`S` false), whose code has nothing of them. (Pairs of 2-8 rows come only
+    // beyond L1, so in spans: `two_rows::<false, 2..=8>` is compiled but not called.)
     for bs in (0..kb).step_by(span).map(|b| b..kb.min(b + span)) {
         let mut i = 0;
         while i < js.len() {

@@ -452,7 +452,8 @@ impl<'a, B, H> Weights<'a, B, H> {
         }
     }
 
-    /// The same rows read `rows` at a time, block by block (rows in pairs): [`Weights::block`]
+    /// The same rows read `rows` at a time, block by block (AVX-512's rows in pairs, or one
+    /// at a time through spans of blocks): [`Weights::block`]
     /// prefetches the same block of a later group's rows, the first at least [`PREFETCH`]
     /// bytes ahead. For rows longer than that (the 1.5B's `down`: 5 KB), a fixed distance
     /// ahead lands in the rows being read and never reaches the next group's later rows,
@@ -501,7 +502,8 @@ impl<'a, B, H> Weights<'a, B, H> {
 /// How far ahead (in bytes) the kernels prefetch weights: far enough for a one-token decode,
 /// which streams the weights from memory, to keep the memory busy (measured on an Intel Xeon:
 /// decode 10-12% faster than at 1 KB on both families, 8 KB no better, prefills unchanged).
-/// Rows read in pairs prefetch by rows instead ([`Weights::in_groups_of`]).
+/// Rows read in pairs or in spans of blocks prefetch by rows instead
+/// ([`Weights::in_groups_of`]).
 #[cfg(target_arch = "x86_64")]
 const PREFETCH: usize = 4096;
 

@@ -258,9 +258,9 @@ fn check<T: GgmlType>(pack: Pack<T>, k: usize, candle_tol: Option<f32>) {
 #[test]
 fn q4k_kernels_match_references() {
     // 12 blocks: on AVX2, 19 rows reduce in three slabs, fewer rows in one; on AVX-512, tiles of
-    // 8 rows and more go in weight-row pairs (`in_pairs`: they outgrow L1), fewer rows one by
-    // one. 35 blocks (the 1.5B's `down`): pairs and spans of blocks (`span`) from 3 rows; 44
-    // blocks: pairs from 2, spans from 3.
+    // 8 rows and more go in weight-row pairs (`in_pairs`: they outgrow L1) and in spans of
+    // blocks (`span`: 6, then 4 at 16 rows), fewer rows one by one. 35 blocks (the 1.5B's
+    // `down`): pairs and spans from 3 rows; 44 blocks: both from 2.
     check(Q4K, 3072, Some(1e-4));
     check(Q4K, 8960, Some(1e-4));
     check(Q4K, 11264, Some(1e-4));
@@ -283,7 +283,7 @@ fn check_per32<T: GgmlType>(pack: Pack<T>) {
     check(pack, 448, None); // a last block of 192 values, padded
     check(pack, 1024, None);
     check(pack, 2080, None); // 9 packed blocks: 19 rows reduce in two slabs
-    check(pack, 8992, None); // 36 blocks, the last of 32 values: pairs from 3 rows (Q5_0, Q8_0)
+    check(pack, 8992, None); // 36 blocks, the last of 32 values: pairs and spans from 3 rows
 }
 
 #[test]
