@@ -453,15 +453,16 @@ unsafe fn packed_tile<B: Unpack, H: Unpack>(
             && js.len() <= out.len()
     );
     let (pairs, span) = (in_pairs(rows, kb), span(rows, kb));
+    let spans = span < kb;
     // Rows read in pairs or in spans prefetch the same block of a later row, the first at
     // least `PREFETCH` bytes ahead (`Weights::in_groups_of`).
     let grouped = w.in_groups_of(if pairs { 2 } else { 1 });
-    let w = if pairs || span < kb { &grouped } else { w };
+    let w = if pairs || spans { &grouped } else { w };
     // Sums kept between spans, set only if there are spans. Kept in a `Vec`, the kernels were
     // inlined here despite their `#[inline(never)]` (in this toolchain's IR the no-inline mark
     // sat on the calls, not on the functions) and the 1,536-wide products took 15-40% longer.
     let mut kept_store;
-    let kept: &mut [Sums] = match span < kb {
+    let kept: &mut [Sums] = match spans {
         true => {
             kept_store = [[_mm512_setzero_ps(); MAX_ROWS]; CHUNK];
             &mut kept_store[..js.len()]
@@ -485,7 +486,7 @@ unsafe fn packed_tile<B: Unpack, H: Unpack>(
                 by_count!(
                     rows,
                     [2, 3, 4, 5, 6, 7, 8],
-                    span < kb,
+                    spans,
                     two_rows::<B, H>(w, j, acts, kb, rows, bs.clone(), kept, o0, o1)
                 );
                 i += 2;
@@ -494,7 +495,7 @@ unsafe fn packed_tile<B: Unpack, H: Unpack>(
                 by_count!(
                     rows,
                     [1, 2, 3, 4, 5, 6, 7, 8],
-                    span < kb,
+                    spans,
                     one_row::<B, H>(w, j, acts, kb, rows, bs.clone(), kept, &mut out[i])
                 );
                 i += 1;
