@@ -731,20 +731,24 @@ fn adding_accumulators_at_once_matches_one_by_one() {
 }
 
 /// Every output of a matmul gets the value of its own (activation row, weight row), in tiles
-/// that start at whole tiles of rows, whatever the passes: several passes of one tile or more,
-/// rows longer than a pass, one pass, no rows.
+/// that start at whole tiles of rows, whatever the passes and panels: several passes of one
+/// tile or more, rows longer than a pass, one pass, no rows; panels of one chunk, of two (the
+/// last of a task shorter), of all.
 #[test]
 fn every_output_is_written_whatever_the_passes() {
-    for (m, n, row_bytes) in [
-        (0, 5, 100),
-        (1, 1, 1),
-        (37, 21, PASS_BYTES * 3),
-        (70, 33, PASS_BYTES / 20),
-        (150, 17, PASS_BYTES / 40),
-        (50, 40, 100),
+    let panel_of = |chunks: usize| PANEL_BYTES / (chunks * CHUNK);
+    for (m, n, row_bytes, weight_row_bytes) in [
+        (0, 5, 100, 100),
+        (1, 1, 1, 1),
+        (37, 21, PASS_BYTES * 3, panel_of(1)),
+        (70, 33, PASS_BYTES / 20, 100),
+        (150, 17, PASS_BYTES / 40, PANEL_BYTES * 2),
+        (50, 40, 100, panel_of(2)),
+        (50, 100, PASS_BYTES / 40, panel_of(2)),
     ] {
         let mut dst = vec![f32::NAN; m * n];
-        for_each_output((m, n), row_bytes, &mut dst, |js, r0, rows, out| {
+        let bytes = (row_bytes, weight_row_bytes);
+        for_each_output((m, n), bytes, &mut dst, |js, r0, rows, out| {
             assert!(r0 % MAX_ROWS == 0 && (1..=MAX_ROWS).contains(&rows) && js.len() <= CHUNK);
             for (col, j) in out.iter_mut().zip(js) {
                 for (r, o) in col[..rows].iter_mut().enumerate() {
@@ -754,7 +758,7 @@ fn every_output_is_written_whatever_the_passes() {
         });
         for (i, v) in dst.iter().enumerate() {
             let want = (i / n * 1000 + i % n) as f32;
-            assert_eq!(*v, want, "m {m}, n {n}, row_bytes {row_bytes}, output {i}");
+            assert_eq!(*v, want, "m {m}, n {n}, bytes {bytes:?}, output {i}");
         }
     }
     // The cases above span several passes of one tile and of two.
