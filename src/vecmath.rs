@@ -74,6 +74,14 @@ pub trait Lanes: Copy {
     unsafe fn add(a: Self, b: Self) -> Self;
     /// The lanes in order.
     unsafe fn lanes(self) -> [f32; 8];
+    /// The sum of each vector's lanes in the tree `((0 + 4) + (1 + 5)) + ((2 + 6) + (3 + 7))`.
+    #[inline(always)]
+    unsafe fn sums4(v: [Self; 4]) -> [f32; 4] {
+        v.map(|v| {
+            let s = v.lanes();
+            ((s[0] + s[4]) + (s[1] + s[5])) + ((s[2] + s[6]) + (s[3] + s[7]))
+        })
+    }
 }
 
 impl Lanes for [f32; 8] {
@@ -142,6 +150,14 @@ mod avx2 {
         unsafe fn lanes(self) -> [f32; 8] {
             std::mem::transmute(self)
         }
+        /// The same tree as the lanes one by one, for four vectors at once: the halves'
+        /// sums (lanes l + (l + 4)), then `hadd`'s neighbouring pairs twice.
+        #[inline(always)]
+        unsafe fn sums4(v: [Self; 4]) -> [f32; 4] {
+            let h = v.map(|v| _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v)));
+            let s = _mm_hadd_ps(_mm_hadd_ps(h[0], h[1]), _mm_hadd_ps(h[2], h[3]));
+            std::mem::transmute(s)
+        }
     }
 }
 
@@ -200,6 +216,33 @@ fast_path! {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// AVX2's four-at-once lane sums take the portable tree: the same bits, on values of
+    /// mixed signs and magnitudes where another order would round differently.
+    #[test]
+    #[cfg(target_arch = "x86_64")]
+    fn avx2_lane_sums_take_the_portable_tree() {
+        use std::arch::x86_64::__m256;
+        if !has_fma() {
+            return;
+        }
+        let mut state = 1u64;
+        let mut next = || {
+            state = state
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            let x = (state >> 40) as f32 / (1u64 << 24) as f32 - 0.5;
+            x * [1.0, 1e4, 1e-4, 3e7][(state >> 20) as usize % 4]
+        };
+        for _ in 0..1000 {
+            let v: [[f32; 8]; 4] = std::array::from_fn(|_| std::array::from_fn(|_| next()));
+            // SAFETY: the CPU has AVX2 and FMA (checked above).
+            let fast = unsafe { <__m256 as Lanes>::sums4(v.map(|v| std::mem::transmute(v))) };
+            // SAFETY: arrays need no CPU feature.
+            let portable = unsafe { <[f32; 8] as Lanes>::sums4(v) };
+            assert_eq!(fast.map(f32::to_bits), portable.map(f32::to_bits), "{v:?}");
+        }
+    }
 
     #[test]
     fn exp_is_within_two_ulps_of_the_exact_value() {

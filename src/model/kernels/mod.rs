@@ -412,7 +412,7 @@ fn pass_rows(row_bytes: usize) -> usize {
 const PASS_BYTES: usize = 512 << 10;
 
 /// [`for_each_output`]'s work for weight-row chunks `chunks` and activation rows `pass`, in
-/// panels of `panel` chunks.
+/// panels of `panel_chunks` chunks (at least one).
 ///
 /// # Safety
 /// `dst` points to `m x n` values with `pass.end <= m`, and no other task writes the columns
@@ -421,13 +421,14 @@ unsafe fn each_tile(
     pass: Range<usize>,
     n: usize,
     chunks: Range<usize>,
-    panel: usize,
+    panel_chunks: usize,
     dst: &Dst,
     f: &(impl Fn(Range<usize>, usize, usize, &mut Tile) + Sync),
 ) {
     let mut out = [[0f32; MAX_ROWS]; CHUNK];
-    let panels = chunks.clone().step_by(panel.max(1));
-    for panel in panels.map(|p| p..chunks.end.min(p.saturating_add(panel))) {
+    let len = panel_chunks.max(1);
+    let panels = chunks.clone().step_by(len);
+    for panel in panels.map(|p| p..chunks.end.min(p.saturating_add(len))) {
         for r0 in pass.clone().step_by(MAX_ROWS) {
             let rows = (pass.end - r0).min(MAX_ROWS);
             for c in panel.clone() {
