@@ -9,8 +9,8 @@
 //! value row into every query's output.
 //!
 //! Each query still goes through exactly the operations it would alone, in the same order
-//! (its dot products, its softmax over positions in order, its weighted sum over positions
-//! in order), so a token's attention does not depend on how many tokens or heads share the
+//! (its dot products, its softmax in a fixed order, its weighted sum over positions in
+//! order), so a token's attention does not depend on how many tokens or heads share the
 //! task, and a forward over k tokens equals k one-token forwards bit for bit.
 
 use crate::vecmath::{exp, sum, Lanes};
@@ -329,8 +329,8 @@ unsafe fn dots<L: Lanes, const T: usize>(keys: [&[f32]; T], query: &[f32]) -> [f
 }
 
 /// `o[d] = fma(weights[j], value(j)[d], o[d])` for every `d` and each `j` in order, `VECS`
-/// vectors of values at a time in registers, then one, then one value (the same operation per
-/// value in every case).
+/// vectors of values at a time in registers, then 8 (if `VECS` is more: a 64-wide head), then
+/// one, then one value (the same operation per value in every case).
 ///
 /// # Safety
 /// The CPU must run `L`'s methods.
@@ -340,7 +340,30 @@ unsafe fn accumulate<'a, L: Lanes, const VECS: usize>(
     weights: &[f32],
     value: impl Fn(usize) -> &'a [f32],
 ) {
-    let mut d = 0;
+    let mut d = accumulate_runs::<L, VECS>(o, weights, &value, 0);
+    if VECS > 8 {
+        d = accumulate_runs::<L, 8>(o, weights, &value, d);
+    }
+    d = accumulate_runs::<L, 1>(o, weights, &value, d);
+    for (d, o) in o.iter_mut().enumerate().skip(d) {
+        for (j, &w) in weights.iter().enumerate() {
+            *o = w.mul_add(value(j)[d], *o);
+        }
+    }
+}
+
+/// [`accumulate`]'s work from value `d` on, `VECS` vectors at a time while they fit; returns
+/// where it stopped.
+///
+/// # Safety
+/// The CPU must run `L`'s methods.
+#[inline(always)]
+unsafe fn accumulate_runs<'a, L: Lanes, const VECS: usize>(
+    o: &mut [f32],
+    weights: &[f32],
+    value: &impl Fn(usize) -> &'a [f32],
+    mut d: usize,
+) -> usize {
     while d + 8 * VECS <= o.len() {
         let mut acc: [L; VECS] = std::array::from_fn(|v| L::load(&o[d + 8 * v..]));
         for (j, &w) in weights.iter().enumerate() {
@@ -354,19 +377,7 @@ unsafe fn accumulate<'a, L: Lanes, const VECS: usize>(
         }
         d += 8 * VECS;
     }
-    while d + 8 <= o.len() {
-        let mut acc = L::load(&o[d..]);
-        for (j, &w) in weights.iter().enumerate() {
-            acc = L::fma(L::splat(w), L::load(&value(j)[d..]), acc);
-        }
-        acc.store(&mut o[d..]);
-        d += 8;
-    }
-    for (d, o) in o.iter_mut().enumerate().skip(d) {
-        for (j, &w) in weights.iter().enumerate() {
-            *o = w.mul_add(value(j)[d], *o);
-        }
-    }
+    d
 }
 
 #[cfg(test)]
@@ -416,14 +427,15 @@ mod tests {
 
     /// Head widths that take every path of the scores and the weighted sums: the 8-value
     /// chunks in pairs and alone, the values past the last chunk, and the output values 128
-    /// and 64 at a time, then 8, then one (Qwen2.5's heads are 128 wide).
-    const SHAPES: [(usize, usize, usize); 6] = [
+    /// and 64 at a time, then 8, then one (Qwen2.5's heads are 128 wide, SmolLM2's 64).
+    const SHAPES: [(usize, usize, usize); 7] = [
         (12, 2, 16),
         (9, 3, 8),
         (4, 4, 8),
         (7, 1, 12),
         (4, 2, 128),
         (3, 1, 203),
+        (5, 1, 72),
     ];
 
     /// Every variant this CPU runs gives the portable variant's bits.
