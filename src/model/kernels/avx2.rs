@@ -109,18 +109,12 @@ pub(super) unsafe fn matmul_in_order<B, H, const HALF_BY_HALF: bool, P: Products
     let acts = ActBlock::quantize::<B>(lhs, m, k, P::VNNI);
     let slab = slab(m, kb);
     let row_bytes = kb * std::mem::size_of::<ActBlock>();
-    let weight_row_bytes = kb * std::mem::size_of::<B>();
-    for_each_output(
-        (m, n),
-        (row_bytes, weight_row_bytes),
-        dst,
-        |js, r0, rows, out| {
-            let acts = &acts[r0 * kb..];
-            // SAFETY: the caller guarantees the CPU features; `js` is within the `n` rows of `w`
-            // (checked above) and rows `r0..r0 + rows` within the `m` quantized rows.
-            unsafe { P::tile::<B, H, HALF_BY_HALF>(&w, js, acts, kb, slab, rows, out) }
-        },
-    );
+    for_each_output((m, n), row_bytes, dst, |js, r0, rows, out| {
+        let acts = &acts[r0 * kb..];
+        // SAFETY: the caller guarantees the CPU features; `js` is within the `n` rows of `w`
+        // (checked above) and rows `r0..r0 + rows` within the `m` quantized rows.
+        unsafe { P::tile::<B, H, HALF_BY_HALF>(&w, js, acts, kb, slab, rows, out) }
+    });
 }
 
 /// A block's scales, whole or half-size.

@@ -13,7 +13,7 @@ use super::layout::{
     f16_to_f32, HalfQ5_0, HalfQ8_0Wide, PackedQ4K, PackedQ5KWide, PackedQ5_0, PackedQ6K,
     PackedQ8_0, QK, WIDE,
 };
-use super::{for_each_output, Part, Tile, Weights, CHUNK, L1_ACTS, MAX_ROWS};
+use super::{for_each_output, Part, Tile, Weights, CHUNK, MAX_ROWS};
 use std::arch::x86_64::*;
 use std::ops::Range;
 
@@ -46,17 +46,11 @@ pub(super) unsafe fn matmul<B: Unpack + Sync, H: Unpack + Sync>(
     assert!(w.holds(n, kb) && Some(lhs.len()) == m.checked_mul(k));
     let acts = ActBlock::quantize(lhs, m, k, B::OFFSET_LOG2);
     let row_bytes = kb * std::mem::size_of::<ActBlock>();
-    let weight_row_bytes = kb * std::mem::size_of::<B>();
-    for_each_output(
-        (m, n),
-        (row_bytes, weight_row_bytes),
-        dst,
-        |js, r0, rows, out| {
-            // SAFETY: the caller guarantees the CPU features; `js` is within the `n` rows of `w`
-            // (checked above) and rows `r0..r0 + rows` within the `m` quantized rows.
-            unsafe { packed_tile(&w, js, &acts[r0 * kb..], kb, rows, out) }
-        },
-    );
+    for_each_output((m, n), row_bytes, dst, |js, r0, rows, out| {
+        // SAFETY: the caller guarantees the CPU features; `js` is within the `n` rows of `w`
+        // (checked above) and rows `r0..r0 + rows` within the `m` quantized rows.
+        unsafe { packed_tile(&w, js, &acts[r0 * kb..], kb, rows, out) }
+    });
 }
 
 /// Whether two formats' blocks carry the same offset (a whole block and its half must).
@@ -374,11 +368,14 @@ impl Unpack for HalfQ8_0Wide {
     }
 }
 
-// Beyond `L1_ACTS`, each activation vector would come from L2 for every weight row, whose
-// bandwidth, not the multiply-adds, then bounds a block: the tile then goes in spans of blocks
-// that fit (`span`), and its weight rows in pairs (`in_pairs`), which halves the loads
-// (measured with the `kernel_timing` test: the 1.5B's `down` shape, 35 blocks a row, 21-29%
-// less time per product at 4-8 rows on an Intel Xeon, before spans).
+/// The activation bytes a tile sweeps per weight row while they stay in a core's L1 data cache
+/// (32-48 KB on CPUs with AVX-512; the rest holds the weight blocks and, in spans, the kept
+/// sums: up to 16 KB). Beyond it each activation vector would come from L2 for every weight
+/// row, whose bandwidth, not the multiply-adds, then bounds a block: the tile then goes in
+/// spans of blocks that fit ([`span`]), and its weight rows in pairs ([`in_pairs`]), which
+/// halves the loads (measured with the `kernel_timing` test: the 1.5B's `down` shape, 35
+/// blocks a row, 21-29% less time per product at 4-8 rows on an Intel Xeon, before spans).
+const L1_ACTS: usize = 32 << 10;
 
 /// From how many activation rows weight rows go in pairs even while the activations stay in
 /// L1. Pairs gain where the loads and multiply-adds bound a block, not the memory: on an AMD

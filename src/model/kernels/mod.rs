@@ -350,13 +350,14 @@ type Tile = [[f32; MAX_ROWS]; CHUNK];
 /// weight rows and `MAX_ROWS` activation rows, in parallel over weight rows (on candle's
 /// spinning thread pool: a decode step makes ~200 small matmuls, so wake-up latency matters),
 /// scattering `out[weight_row][act_row]` into `dst` (`m x n`, row-major). Activation rows
-/// taking `row_bytes` each once quantized go in passes of [`PASS_BYTES`] over the weights,
-/// and weight rows taking `weight_row_bytes` each in panels of [`PANEL_BYTES`] per pass.
+/// taking `row_bytes` each once quantized go in passes of [`PASS_BYTES`] over the weights;
+/// within a pass, each task takes its weight rows past one 16-row tile of activations after
+/// another ([`each_tile`]).
 ///
 /// Panics if `dst` holds fewer than `m * n` values.
 fn for_each_output(
     (m, n): (usize, usize),
-    (row_bytes, weight_row_bytes): (usize, usize),
+    row_bytes: usize,
     dst: &mut [f32],
     f: impl Fn(Range<usize>, usize, usize, &mut Tile) + Sync,
 ) {
@@ -368,34 +369,14 @@ fn for_each_output(
     let dst = Dst(dst.as_mut_ptr());
     let dst = &dst;
     let rows = pass_rows(row_bytes);
-    let panel = match MAX_ROWS * row_bytes <= L1_ACTS {
-        true => (PANEL_BYTES / (CHUNK * weight_row_bytes).max(1)).max(1),
-        false => usize::MAX,
-    };
     for pass in (0..m).step_by(rows).map(|p| p..m.min(p + rows)) {
         candle_core::utils::barrier_pool().execute_chunked(n.div_ceil(CHUNK), |chunks| {
             // SAFETY: `pass` lies within 0..m, `dst` holds m * n values (asserted above), and
             // each task gets its own chunks of weight rows.
-            unsafe { each_tile(pass.clone(), n, chunks, panel, dst, &f) }
+            unsafe { each_tile(pass.clone(), n, chunks, dst, &f) }
         });
     }
 }
-
-/// The weight bytes a task multiplies by every tile of a pass's activation rows before the
-/// next, if a tile's activations fit in L1 ([`L1_ACTS`]): the panel stays in a core's L2 cache
-/// while each tile takes its turn from L1. One chunk of weight rows at a time instead, every
-/// chunk read all the pass's activations from L2 again: in a 512-token prefill of the 1.5B
-/// (AMD EPYC Zen 5, AVX-512 kernels), `gate` and `up` took 8-10% longer, and the 0.5B's
-/// prefill 8% (4% with the AVX2 kernels). Tiles beyond L1 go as before: the 1.5B's `down` (35
-/// blocks a row), and with the AVX2 kernels, whose activation blocks take 384 bytes, all its
-/// matrices. In panels, the AVX2 kernels' prompt slabs took 5-10% longer on `down` and the
-/// AVX-512 kernels' spans gained nothing.
-const PANEL_BYTES: usize = 256 << 10;
-
-/// The activation bytes a tile sweeps per weight row while they stay in a core's L1 data
-/// cache (32-48 KB on recent x86-64 CPUs; the rest holds the weight blocks and, in the AVX-512
-/// kernels' spans, the kept sums: up to 16 KB).
-pub(super) const L1_ACTS: usize = 32 << 10;
 
 /// Activation rows per pass for rows of `row_bytes`: as many whole tiles as fit in
 /// [`PASS_BYTES`], at least one.
@@ -411,8 +392,14 @@ fn pass_rows(row_bytes: usize) -> usize {
 /// every 16 weight rows. 256 KB measured the same as 512 KB there, within the noise.
 const PASS_BYTES: usize = 512 << 10;
 
-/// [`for_each_output`]'s work for weight-row chunks `chunks` and activation rows `pass`, in
-/// panels of `panel_chunks` chunks (at least one).
+/// [`for_each_output`]'s work for weight-row chunks `chunks` and activation rows `pass`: every
+/// chunk meets one tile of activation rows before any meets the next, so that the tile stays
+/// in L1 (or, for long rows, L2) while the task's weight rows (1/16 of the matrix with two
+/// threads: candle's pool hands out 8 grabs a thread) come past it from L2 or L3. Chunk by
+/// chunk instead, every chunk read all of the pass's activations (up to 512 KB) from L2
+/// again: in a 512-token prefill of the 1.5B (AMD EPYC Zen 5), `gate` and `up` took 11-13%
+/// longer with the AVX-512 kernels and 4-6% with the AVX2 ones, and the whole prefill 5-9% and
+/// 1-3%. Panels of 256 KB of weights within a task measured the same or a little slower.
 ///
 /// # Safety
 /// `dst` points to `m x n` values with `pass.end <= m`, and no other task writes the columns
@@ -421,25 +408,20 @@ unsafe fn each_tile(
     pass: Range<usize>,
     n: usize,
     chunks: Range<usize>,
-    panel_chunks: usize,
     dst: &Dst,
     f: &(impl Fn(Range<usize>, usize, usize, &mut Tile) + Sync),
 ) {
     let mut out = [[0f32; MAX_ROWS]; CHUNK];
-    let len = panel_chunks.max(1);
-    let panels = chunks.clone().step_by(len);
-    for panel in panels.map(|p| p..chunks.end.min(p.saturating_add(len))) {
-        for r0 in pass.clone().step_by(MAX_ROWS) {
-            let rows = (pass.end - r0).min(MAX_ROWS);
-            for c in panel.clone() {
-                let js = c * CHUNK..n.min((c + 1) * CHUNK);
-                f(js.clone(), r0, rows, &mut out);
-                for (j, col) in js.clone().zip(&out) {
-                    for (r, &v) in col[..rows].iter().enumerate() {
-                        // SAFETY: r0 + r < pass.end <= m and j < n, so the index is below m * n,
-                        // within `dst`; the caller gives this task columns j alone.
-                        unsafe { *dst.0.add((r0 + r) * n + j) = v };
-                    }
+    for r0 in pass.clone().step_by(MAX_ROWS) {
+        let rows = (pass.end - r0).min(MAX_ROWS);
+        for c in chunks.clone() {
+            let js = c * CHUNK..n.min((c + 1) * CHUNK);
+            f(js.clone(), r0, rows, &mut out);
+            for (j, col) in js.clone().zip(&out) {
+                for (r, &v) in col[..rows].iter().enumerate() {
+                    // SAFETY: r0 + r < pass.end <= m and j < n, so the index is below m * n,
+                    // within `dst`; the caller gives this task columns j alone.
+                    unsafe { *dst.0.add((r0 + r) * n + j) = v };
                 }
             }
         }

@@ -731,24 +731,20 @@ fn adding_accumulators_at_once_matches_one_by_one() {
 }
 
 /// Every output of a matmul gets the value of its own (activation row, weight row), in tiles
-/// that start at whole tiles of rows, whatever the passes and panels: several passes of one
-/// tile or more, rows longer than a pass, one pass, no rows; panels of one chunk, of two (the
-/// last of a task shorter), of all.
+/// that start at whole tiles of rows, whatever the passes: several passes of one tile or more,
+/// rows longer than a pass, one pass, no rows.
 #[test]
 fn every_output_is_written_whatever_the_passes() {
-    let panel_of = |chunks: usize| PANEL_BYTES / (chunks * CHUNK);
-    for (m, n, row_bytes, weight_row_bytes) in [
-        (0, 5, 100, 100),
-        (1, 1, 1, 1),
-        (37, 21, PASS_BYTES * 3, panel_of(1)),
-        (70, 33, PASS_BYTES / 20, 100),
-        (150, 17, PASS_BYTES / 40, PANEL_BYTES * 2),
-        (50, 40, 100, panel_of(2)),
-        (50, 100, PASS_BYTES / 40, panel_of(2)),
+    for (m, n, row_bytes) in [
+        (0, 5, 100),
+        (1, 1, 1),
+        (37, 21, PASS_BYTES * 3),
+        (70, 33, PASS_BYTES / 20),
+        (150, 17, PASS_BYTES / 40),
+        (50, 40, 100),
     ] {
         let mut dst = vec![f32::NAN; m * n];
-        let bytes = (row_bytes, weight_row_bytes);
-        for_each_output((m, n), bytes, &mut dst, |js, r0, rows, out| {
+        for_each_output((m, n), row_bytes, &mut dst, |js, r0, rows, out| {
             assert!(r0 % MAX_ROWS == 0 && (1..=MAX_ROWS).contains(&rows) && js.len() <= CHUNK);
             for (col, j) in out.iter_mut().zip(js) {
                 for (r, o) in col[..rows].iter_mut().enumerate() {
@@ -758,11 +754,40 @@ fn every_output_is_written_whatever_the_passes() {
         });
         for (i, v) in dst.iter().enumerate() {
             let want = (i / n * 1000 + i % n) as f32;
-            assert_eq!(*v, want, "m {m}, n {n}, bytes {bytes:?}, output {i}");
+            assert_eq!(*v, want, "m {m}, n {n}, row_bytes {row_bytes}, output {i}");
         }
     }
     // The cases above span several passes of one tile and of two.
     assert_eq!(pass_rows(PASS_BYTES * 3), MAX_ROWS);
     assert_eq!(pass_rows(PASS_BYTES / 20), MAX_ROWS);
     assert_eq!(pass_rows(PASS_BYTES / 40), 2 * MAX_ROWS);
+}
+
+/// A task's chunks of weight rows (several, as candle's pool hands them out) meet every tile
+/// of the pass: every output of the task's columns is written, and no other.
+#[test]
+fn each_tile_writes_its_columns_and_no_other() {
+    let (m, n) = (40, 7 * CHUNK + 5);
+    let pass = 3..37;
+    for chunks in [0..8, 1..6, 7..8, 3..3] {
+        let mut dst = vec![f32::NAN; m * n];
+        let f = |js: Range<usize>, r0: usize, rows: usize, out: &mut Tile| {
+            assert!((1..=MAX_ROWS).contains(&rows) && js.len() <= CHUNK);
+            for (col, j) in out.iter_mut().zip(js) {
+                for (r, o) in col[..rows].iter_mut().enumerate() {
+                    *o = ((r0 + r) * 1000 + j) as f32;
+                }
+            }
+        };
+        // SAFETY: `dst` holds m x n values and pass.end <= m; this is the only task.
+        unsafe { each_tile(pass.clone(), n, chunks.clone(), &Dst(dst.as_mut_ptr()), &f) };
+        let columns = chunks.start * CHUNK..n.min(chunks.end * CHUNK);
+        for (i, v) in dst.iter().enumerate() {
+            let (r, j) = (i / n, i % n);
+            match pass.contains(&r) && columns.contains(&j) {
+                true => assert_eq!(*v, (r * 1000 + j) as f32, "{chunks:?}"),
+                false => assert!(v.is_nan(), "{chunks:?}: wrote {r}, {j}"),
+            }
+        }
+    }
 }
