@@ -13,10 +13,11 @@
 //! order), so a token's attention does not depend on how many tokens or heads share the
 //! task, and a forward over k tokens equals k one-token forwards bit for bit.
 
+use crate::model::kernels::Kernels;
 use crate::vecmath::{exp, sum, Lanes};
 use std::ops::Range;
 
-/// The attention shape of a model.
+/// The attention shape of a model, and the code its attention runs on.
 #[derive(Clone, Copy, Debug)]
 pub struct Heads {
     /// Query heads.
@@ -27,6 +28,8 @@ pub struct Heads {
     pub head_dim: usize,
     /// What query-key dot products are multiplied by (`1 / sqrt(head_dim)`, mostly).
     pub scale: f32,
+    /// The code: [`Variant::for_kernels`] of the model's matmul kernels.
+    pub variant: Variant,
 }
 
 /// Most tokens a task takes: bounds its score buffer (queries x positions).
@@ -119,56 +122,10 @@ const BLOCK: usize = 32;
 /// Per query, the arithmetic is fixed: score `j` is [`dots`] of the query and key `j` times
 /// the scale; weights are `exp(score - max) / sum`, with the sum as [`sum`] takes it (eight
 /// running sums over the positions in order, then a fixed tree); each output value is
-/// `fma(weight_j, value_j, acc)` over positions in order. It runs in the best [`Variant`] this
-/// CPU runs; every variant gives the same results.
+/// `fma(weight_j, value_j, acc)` over positions in order. It runs on the shape's [`Variant`];
+/// every variant gives the same results.
 fn attend(layer: &Layer, queries: &[usize], outs: &mut [&mut [f32]], scores: &mut Vec<f32>) {
-    attend_as(Variant::detect(), layer, queries, outs, scores)
-}
-
-/// The code [`attend`] runs: every variant takes the same operations on 8-lane vectors, so
-/// they give the same results.
-#[derive(Clone, Copy, Debug, PartialEq)]
-enum Variant {
-    /// Arrays, on any CPU.
-    Portable,
-    /// AVX2 and FMA.
-    Avx2,
-    /// AVX2 and FMA with the 32 registers of AVX-512 (F and VL), which hold more keys and
-    /// output values at once (7-8% less time at a 1,024-token context, AMD EPYC Zen 5).
-    Avx512,
-}
-
-impl Variant {
-    /// The fastest variant this CPU runs.
-    fn detect() -> Self {
-        *Self::supported().last().unwrap_or(&Variant::Portable)
-    }
-
-    /// Every variant this CPU runs, slowest first (asked once).
-    fn supported() -> &'static [Self] {
-        static SUPPORTED: std::sync::OnceLock<Vec<Variant>> = std::sync::OnceLock::new();
-        SUPPORTED.get_or_init(|| {
-            let mut all = vec![Variant::Portable];
-            #[cfg(target_arch = "x86_64")]
-            if crate::vecmath::has_fma() {
-                all.push(Variant::Avx2);
-                if is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512vl") {
-                    all.push(Variant::Avx512);
-                }
-            }
-            all
-        })
-    }
-}
-
-/// [`attend`] with `variant`, which this CPU must run ([`Variant::supported`]; panics if not).
-fn attend_as(
-    variant: Variant,
-    layer: &Layer,
-    queries: &[usize],
-    outs: &mut [&mut [f32]],
-    scores: &mut Vec<f32>,
-) {
+    let variant = layer.s.variant;
     assert!(
         Variant::supported().contains(&variant),
         "this CPU does not run {variant:?}"
@@ -196,6 +153,50 @@ fn attend_as(
         }
         #[cfg(not(target_arch = "x86_64"))]
         _ => unreachable!("only the portable variant is supported here"),
+    }
+}
+
+/// The code [`attend`] runs: every variant takes the same operations on 8-lane vectors, so
+/// they give the same results.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Variant {
+    /// Arrays, on any CPU.
+    Portable,
+    /// AVX2 and FMA.
+    Avx2,
+    /// AVX2 and FMA with the 32 registers of AVX-512 (F and VL), which hold more keys and
+    /// output values at once.
+    Avx512,
+}
+
+impl Variant {
+    /// The variant for a model whose matmuls run on `kernels`: AVX-512's registers with the
+    /// AVX-512 kernels only, so that a forced AVX2 family (`CASCADE_KERNELS=avx2`) stands for
+    /// an AVX2 CPU in attention too; AVX2 with the others (the fallback's included) where the
+    /// CPU has AVX2 and FMA.
+    pub fn for_kernels(kernels: Kernels) -> Self {
+        let runs = |v| Self::supported().contains(&v);
+        match kernels {
+            Kernels::Avx512 if runs(Variant::Avx512) => Variant::Avx512,
+            _ if runs(Variant::Avx2) => Variant::Avx2,
+            _ => Variant::Portable,
+        }
+    }
+
+    /// Every variant this CPU runs, slowest first (asked once).
+    pub fn supported() -> &'static [Self] {
+        static SUPPORTED: std::sync::OnceLock<Vec<Variant>> = std::sync::OnceLock::new();
+        SUPPORTED.get_or_init(|| {
+            let mut all = vec![Variant::Portable];
+            #[cfg(target_arch = "x86_64")]
+            if crate::vecmath::has_fma() {
+                all.push(Variant::Avx2);
+                if is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512vl") {
+                    all.push(Variant::Avx512);
+                }
+            }
+            all
+        })
     }
 }
 
@@ -384,10 +385,8 @@ unsafe fn accumulate_runs<'a, L: Lanes, const VECS: usize>(
 mod tests {
     use super::*;
 
-    /// Each (token, head) on its own in `variant`: the definition the batched version must
-    /// equal.
+    /// Each (token, head) on its own: the definition the batched version must equal.
     fn one_by_one(
-        variant: Variant,
         q: &[f32],
         keys: &[f32],
         values: &[f32],
@@ -408,7 +407,7 @@ mod tests {
                 s,
                 window,
             };
-            attend_as(variant, &layer, &[i], &mut [o], &mut scores);
+            attend(&layer, &[i], &mut [o], &mut scores);
         }
         out
     }
@@ -427,7 +426,8 @@ mod tests {
 
     /// Head widths that take every path of the scores and the weighted sums: the 8-value
     /// chunks in pairs and alone, the values past the last chunk, and the output values 128
-    /// and 64 at a time, then 8, then one (Qwen2.5's heads are 128 wide, SmolLM2's 64).
+    /// and 64 at a time, then 8, then one (the 1.5B's heads are 128 wide, the 0.5B's and
+    /// SmolLM2's 64).
     const SHAPES: [(usize, usize, usize); 7] = [
         (12, 2, 16),
         (9, 3, 8),
@@ -438,44 +438,84 @@ mod tests {
         (5, 1, 72),
     ];
 
+    /// The shape `(heads, kv_heads, head_dim)` on `variant`.
+    fn shape((heads, kv_heads, head_dim): (usize, usize, usize), variant: Variant) -> Heads {
+        Heads {
+            heads,
+            kv_heads,
+            head_dim,
+            scale: 1.0 / (head_dim as f32).sqrt(),
+            variant,
+        }
+    }
+
     /// Every variant this CPU runs gives the portable variant's bits.
     #[test]
     fn every_variant_gives_the_same_bits() {
-        for (heads, kv_heads, head_dim) in SHAPES {
-            let s = Heads {
-                heads,
-                kv_heads,
-                head_dim,
-                scale: 1.0 / (head_dim as f32).sqrt(),
-            };
-            let (pos0, m) = (45, 3);
-            let q = random(m * heads * head_dim, 4);
-            let keys = random((pos0 + m) * kv_heads * head_dim, 5);
-            let values = random((pos0 + m) * kv_heads * head_dim, 6);
-            let want = one_by_one(Variant::Portable, &q, &keys, &values, pos0, s, None);
-            for &v in Variant::supported() {
-                let got = one_by_one(v, &q, &keys, &values, pos0, s, None);
-                let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
-                assert!(bits(&got) == bits(&want), "{v:?}, {s:?}");
+        for dims in SHAPES {
+            for window in [None, Some(6)] {
+                let (pos0, m, s) = (45, 3, shape(dims, Variant::Portable));
+                let q = random(m * s.heads * s.head_dim, 4);
+                let keys = random((pos0 + m) * s.kv_heads * s.head_dim, 5);
+                let values = random((pos0 + m) * s.kv_heads * s.head_dim, 6);
+                let want = one_by_one(&q, &keys, &values, pos0, s, window);
+                for &v in Variant::supported() {
+                    let s = shape(dims, v);
+                    let got = one_by_one(&q, &keys, &values, pos0, s, window);
+                    let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+                    assert!(bits(&got) == bits(&want), "{s:?}, window {window:?}");
+                }
             }
+        }
+    }
+
+    /// [`attend_with`] for some lanes and groupings.
+    type AttendWith = unsafe fn(&Layer, &[usize], &mut [&mut [f32]], &mut Vec<f32>);
+
+    /// The AVX-512 variant's groupings (8 keys, 128 output values at a time) give the 4 and 64
+    /// of the others' bits, checked on arrays so that a CPU without AVX-512 checks them too.
+    #[test]
+    fn the_groupings_change_no_bits() {
+        for dims in SHAPES {
+            let (pos0, m, s) = (37, 5, shape(dims, Variant::Portable));
+            let q = random(m * s.heads * s.head_dim, 7);
+            let keys = random((pos0 + m) * s.kv_heads * s.head_dim, 8);
+            let values = random((pos0 + m) * s.kv_heads * s.head_dim, 9);
+            let layer = Layer {
+                q: &q,
+                keys: &keys,
+                values: &values,
+                pos0,
+                s,
+                window: None,
+            };
+            let queries: Vec<usize> = (0..s.heads / s.kv_heads).collect();
+            let run = |f: AttendWith| {
+                let mut out = vec![f32::NAN; queries.len() * s.head_dim];
+                let mut outs: Vec<&mut [f32]> = out.chunks_mut(s.head_dim).collect();
+                // SAFETY: arrays need no CPU feature.
+                unsafe { f(&layer, &queries, &mut outs, &mut Vec::new()) };
+                out.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+            };
+            let narrow = run(attend_with::<[f32; 8], 4, 8>);
+            assert!(run(attend_with::<[f32; 8], 8, 16>) == narrow, "{s:?}");
         }
     }
 
     #[test]
     fn batched_attention_equals_each_query_alone_bit_for_bit() {
-        for (heads, kv_heads, head_dim) in SHAPES {
-            let s = Heads {
-                heads,
-                kv_heads,
-                head_dim,
-                scale: 1.0 / (head_dim as f32).sqrt(),
-            };
+        for (dims, &variant) in SHAPES
+            .iter()
+            .flat_map(|&d| Variant::supported().iter().map(move |v| (d, v)))
+        {
+            let s = shape(dims, variant);
+            let (heads, head_dim) = (s.heads, s.head_dim);
             for (pos0, m) in [(0, 1), (5, 1), (3, 7), (40, 19), (0, 33)] {
                 for window in [None, Some(1), Some(6), Some(37)] {
                     let q = random(m * heads * head_dim, 1);
-                    let keys = random((pos0 + m) * kv_heads * head_dim, 2);
-                    let values = random((pos0 + m) * kv_heads * head_dim, 3);
-                    let want = one_by_one(Variant::detect(), &q, &keys, &values, pos0, s, window);
+                    let keys = random((pos0 + m) * s.kv_heads * head_dim, 2);
+                    let values = random((pos0 + m) * s.kv_heads * head_dim, 3);
+                    let want = one_by_one(&q, &keys, &values, pos0, s, window);
                     let mut got = vec![f32::NAN; q.len()];
                     attention(&q, &keys, &values, pos0, s, window, &mut got);
                     assert!(got == want, "{s:?} pos0 {pos0} m {m} window {window:?}");
@@ -496,6 +536,7 @@ mod tests {
             kv_heads: 2,
             head_dim: 8,
             scale: 0.3,
+            variant: *Variant::supported().last().unwrap(),
         };
         let row = s.kv_heads * s.head_dim;
         let (pos0, window) = (30, 7);

@@ -10,7 +10,7 @@
 //! logits do not depend on how many tokens share its forward pass.
 
 use crate::error::{Error, Result};
-use crate::model::attention::{attention, Heads};
+use crate::model::attention::{attention, Heads, Variant};
 use crate::model::gguf::GgufFile;
 use crate::model::kernels::Kernels;
 use crate::model::kv_cache::KvCache;
@@ -485,6 +485,7 @@ impl Transformer {
             kv_heads: c.kv_heads,
             head_dim: hd,
             scale: c.attention_scale,
+            variant: Variant::for_kernels(w.kernels),
         };
         let mut h = vec![0f32; m * d];
         let (mut q, mut k, mut v) = (vec![0f32; m * qd], vec![0f32; m * kvd], vec![0f32; m * kvd]);
