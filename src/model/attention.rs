@@ -121,7 +121,8 @@ const BLOCK: usize = 32;
 ///
 /// Per query, the arithmetic is fixed: score `j` is [`dots`] of the query and key `j` times
 /// the scale; weights are `exp(score - max) / sum`, with the sum as [`sum`] takes it (eight
-/// running sums over the positions in order, then a fixed tree); each output value is
+/// running sums over the whole 8-position chunks in order, added in a fixed tree, then the
+/// positions past them in order); each output value is
 /// `fma(weight_j, value_j, acc)` over positions in order. It runs on the shape's [`Variant`];
 /// every variant gives the same results.
 fn attend(layer: &Layer, queries: &[usize], outs: &mut [&mut [f32]], scores: &mut Vec<f32>) {
@@ -170,10 +171,11 @@ pub enum Variant {
 }
 
 impl Variant {
-    /// The variant for a model whose matmuls run on `kernels`: AVX-512's registers with the
-    /// AVX-512 kernels only, so that a forced AVX2 family (`CASCADE_KERNELS=avx2`) stands for
-    /// an AVX2 CPU in attention too; AVX2 with the others (the fallback's included) where the
-    /// CPU has AVX2 and FMA.
+    /// The variant for a model whose matmuls run on `kernels`: AVX-512's groupings with the
+    /// AVX-512 kernels only, so that a forced AVX2 family (`CASCADE_KERNELS=avx2`) takes an
+    /// AVX2 CPU's groupings in attention too (a `target-cpu=native` build still compiles every
+    /// variant with the CPU's registers; an AVX2-only build has 16); AVX2 with the others (the
+    /// fallback's included) where the CPU has AVX2 and FMA.
     pub fn for_kernels(kernels: Kernels) -> Self {
         let runs = |v| Self::supported().contains(&v);
         match kernels {

@@ -389,7 +389,10 @@ fn pass_rows(row_bytes: usize) -> usize {
 /// by every weight row), so that they stay in a core's L2 cache (2 MB on the Intel Xeon this
 /// was measured on, 512 KB on Zen 3) while the weights stream past. In one pass, the rows of
 /// a 733-token prompt (1.7 MB for the 1.5B's `gate`, 9.9 MB for its `down`) came from L3 for
-/// every 16 weight rows. 256 KB measured the same as 512 KB there, within the noise.
+/// every 16 weight rows. 256 KB measured the same as 512 KB there, within the noise. (That
+/// was with each chunk of 16 weight rows meeting every tile in turn; since [`each_tile`] takes
+/// tiles outer, a pass's rows are read once per grab of the pool, 8 a thread, and passes were
+/// not measured again.)
 const PASS_BYTES: usize = 512 << 10;
 
 /// [`for_each_output`]'s work for weight-row chunks `chunks` and activation rows `pass`: every
