@@ -271,7 +271,7 @@ impl Adaptive {
         &mut self.drafters[i].1
     }
 
-    /// Every drafter's reviews by confidence bucket since the last [`Adaptive::reset_counts`].
+    /// Every drafter's reviews by confidence bucket since the last [`Adaptive::start_sequence`].
     pub fn report(&self) -> Vec<SourceBuckets> {
         self.drafters
             .iter()
@@ -282,11 +282,17 @@ impl Adaptive {
             .collect()
     }
 
-    /// Starts the reported counts over (what was learned is kept).
-    pub fn reset_counts(&mut self) {
+    /// A new sequence begins: the reported counts and the recent rate `λ` start over, what
+    /// was learned of each drafter's acceptance is kept. `λ` is the rate of the text so far,
+    /// which says nothing of a new prompt's: carried over from a text that Max-Gram copied
+    /// fast, it made a draft model not worth reading the next prompt for (in `cascade
+    /// bench`, the code-editing prompts after the code-completion ones were drafted without
+    /// the 0.5B, which a fresh process reads them with).
+    pub fn start_sequence(&mut self) {
         self.drafters
             .iter_mut()
             .for_each(|(_, c)| c.total = [(0, 0); BUCKETS]);
+        self.rate = self.decoding;
     }
 
     /// Learns from a round: `gate`'s positions were reviewed up to the first rejection, and
@@ -735,6 +741,33 @@ mod tests {
         let rate = a.rate;
         a.learn(&gate, 0);
         assert!((a.rate - rate).abs() < 1e-9, "{} vs {rate}", a.rate);
+    }
+
+    /// The recent rate is the text's own: after a text that a free drafter copied fast, a new
+    /// sequence weighs a catch-up at plain decoding's rate again, as a fresh gate does.
+    #[test]
+    fn a_new_sequence_weighs_a_catch_up_at_plain_decodings_rate() {
+        let (mag, small): (Source, Source) = ("mag".into(), "small".into());
+        let mut a = Adaptive::new(verify());
+        a.set_horizon(0, 100);
+        // 100 tokens at plain decoding's 20 tokens/s take 5 s: a catch-up may cost 0.5 s.
+        let cost = INVEST_SHARE * 100.0 * 0.05 * 0.9;
+        let worth =
+            |a: &Adaptive| Gate::adaptive(a.clone()).worth_catching_up(&small, cost, None, 8);
+        assert!(worth(&a));
+        // Rounds of 8 copied tokens, all accepted: 9 tokens in 120 ms, 75 tokens/s.
+        for _ in 0..30 {
+            let mut gate = Gate::adaptive(a.clone());
+            let n = (0..8).take_while(|_| gate.admit(&mag, Some(0.99))).count();
+            assert_eq!(n, 8);
+            a.learn(&gate, n);
+        }
+        assert!(
+            !worth(&a),
+            "at the copied text's rate the reading would not pay"
+        );
+        a.start_sequence();
+        assert!(worth(&a));
     }
 
     #[test]

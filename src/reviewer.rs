@@ -145,8 +145,8 @@ impl Reviewer {
         Ok(cached)
     }
 
-    /// A new sequence begins: the counters start over ([`read`] the prompt later, or let the
-    /// first round catch up on it); the cache is kept as far as the new sequence agrees with
+    /// A new sequence begins: the counters and the adaptive gate's recent rate start over
+    /// ([`read`] the prompt later, or let the first round catch up on it); the cache is kept as far as the new sequence agrees with
     /// it ([`SyncedModel::reset`]).
     ///
     /// [`read`]: Reviewer::read
@@ -156,7 +156,7 @@ impl Reviewer {
         self.adaptive
             .iter_mut()
             .flatten()
-            .for_each(Adaptive::reset_counts);
+            .for_each(Adaptive::start_sequence);
     }
 
     /// Empties the cache: the next sequence is read from its first token.
