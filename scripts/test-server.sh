@@ -4,7 +4,8 @@
 # whole), 4 concurrent clients, 429 on a full queue (clients that left holding no place), 400 on
 # malformed requests, a client that disconnects mid-stream or while queued, JSON errors for unknown endpoints, wrong methods
 # and oversized bodies, a prediction that speeds up an edit, CORS headers for the origins
-# `--cors` allows and no other, and exit 0 on SIGTERM.
+# `--cors` allows and no other, exit 0 on SIGTERM, and a stream cut off by the end of its grace
+# period ending with an error event.
 # Needs python3 with venv, the release build and the test models (scripts/fetch-models.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -78,6 +79,18 @@ expect "preflight methods" \
     "$(header $plain http://localhost:3000 access-control-allow-methods "${preflight[@]}")" \
     GET,POST
 unset CURL_PATH
+# A stream still running when SIGTERM's grace period ends is cut off with an error event and
+# no [DONE], so that a client cannot take it for a whole answer.
+cut=$(mktemp)
+curl -sN "http://127.0.0.1:$plain/v1/completions" -H 'Content-Type: application/json' \
+    -d '{"prompt": "1, 2, 3, 4, 5,", "max_tokens": 20000, "stream": true}' >"$cut" &
+reader=$!
+sleep 2
 stop "$plain_server"
+wait "$reader" || true
+grep -q '"the server is shutting down: the answer was cut off"' "$cut" \
+    || { echo "a stream cut off at shutdown ended without its error event:"; tail -3 "$cut"; exit 1; }
+! grep -q '\[DONE\]' "$cut" || { echo "a stream cut off at shutdown ended with [DONE]"; exit 1; }
+rm -f "$cut"
 stop "$server"
 echo "server test: all checks passed"

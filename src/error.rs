@@ -6,7 +6,7 @@ use std::path::PathBuf;
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// The model file does not exist.
-    #[error("model file not found: {}", .0.display())]
+    #[error("model {}", crate::files::not_a_file(.0))]
     ModelNotFound(PathBuf),
 
     #[error("cannot read GGUF file {}: {reason}", path.display())]
@@ -125,8 +125,9 @@ pub enum Error {
     #[error("model computation failed: {0}")]
     Compute(String),
 
-    /// A file or socket operation that failed.
-    #[error("{0}")]
+    /// A file or socket operation that failed. Transparent: the I/O error's message is the
+    /// message, once (a `{0}` message would repeat it as its own cause).
+    #[error(transparent)]
     Io(#[from] std::io::Error),
 }
 

@@ -2,6 +2,14 @@
 
 use std::path::{Path, PathBuf};
 
+/// Why `path` cannot be read as a file: a folder is there, or nothing is.
+pub fn not_a_file(path: &Path) -> String {
+    match path.is_dir() {
+        true => format!("{} is a folder, not a file", path.display()),
+        false => format!("file not found: {}", path.display()),
+    }
+}
+
 /// Writes `bytes` to `path`: its folder is created if missing, the bytes go to a temporary
 /// file beside it (named per process and writer, so two writing at once each write a whole
 /// file), flushed to the disk, then renamed over `path`: after a crash or a power cut `path`

@@ -317,8 +317,10 @@ pub fn corpus_files(
                 Ok(e) => e,
                 Err(e) if e.loop_ancestor().is_some() => continue,
                 Err(e) => {
+                    // walkdir's own message names the path again: the I/O error's alone.
                     let at = e.path().unwrap_or(root).display().to_string();
-                    return Err(Error::Io(std::io::Error::other(format!("{at}: {e}"))));
+                    let why = e.io_error().map_or(e.to_string(), |io| io.to_string());
+                    return Err(Error::Io(std::io::Error::other(format!("{at}: {why}"))));
                 }
             };
             let p = entry.path();

@@ -353,8 +353,55 @@ fn errors_are_reported_without_a_panic() {
         err.trim(),
         "cascade: --max-k must be between 1 and 64, got 65"
     );
+    // Writing a plan over its own config would drop the config's comments.
+    let (ok, _, err) = cascade(
+        &[&plan[..], &["--write", "configs/speculative.toml"]].concat(),
+        None,
+    );
+    assert!(!ok);
+    assert_eq!(
+        err.trim(),
+        "cascade: --write configs/speculative.toml is the config itself (writing drops its comments): name another file"
+    );
     // Planning for a config the report did not bench.
     let dir = tempfile::tempdir().unwrap();
+    // The report folder is checked before the suite runs, not after it.
+    let file = dir.path().join("a-file");
+    std::fs::write(&file, "x").unwrap();
+    let out = ["--out", file.to_str().unwrap()];
+    let (ok, _, err) = cascade(
+        &[&["bench", "-c", "configs/max-gram.toml"], &out[..]].concat(),
+        None,
+    );
+    assert!(!ok);
+    assert_eq!(
+        err.trim(),
+        format!(
+            "cascade: the report folder {} is a file, not a folder",
+            file.display()
+        )
+    );
+    // An I/O error's message comes once, not again as its own cause.
+    let nope = dir.path().join("nope");
+    let smol = "models/smollm2-135m-instruct-q4_1.gguf";
+    let args = [
+        "ngram",
+        "build",
+        "--tokenizer",
+        smol,
+        "-o",
+        out[1],
+        nope.to_str().unwrap(),
+    ];
+    let (ok, _, err) = cascade(&args, None);
+    assert!(!ok);
+    assert_eq!(
+        err.trim(),
+        format!(
+            "cascade: {}: No such file or directory (os error 2)",
+            nope.display()
+        )
+    );
     let (ok, _, err) = cascade(
         &[
             "plan",

@@ -159,6 +159,18 @@ fn missing_model_file() {
             models_dir().join("no-such-model.gguf").display()
         )
     );
+    // A folder where a file is named is said to be one, for a model and for a table.
+    let folder = tempfile::tempdir().unwrap();
+    let at = folder.path().display();
+    let e = config_error(&format!("[target]\nmodel = \"{at}\"\n"));
+    assert_eq!(e, format!("model {at} is a folder, not a file"));
+    let e = config_error(&format!(
+        "{TARGET_ONLY}drafter = \"mag\"\n[drafters.mag]\nkind = \"max_gram\"\ntable = \"{at}\"\n"
+    ));
+    assert_eq!(
+        e,
+        format!("drafters.mag.table: {at} is a folder, not a file")
+    );
 }
 
 #[test]
@@ -849,4 +861,64 @@ fn a_failing_generation_ends_a_bench_with_the_runs_before_it() {
         Some(EarlyEnd::Failed(e)) => assert_eq!(e.to_string(), "fails: cannot start"),
         other => panic!("expected a failure, got {other:?}"),
     }
+}
+
+/// A bench interrupted (Ctrl-C) in the middle of a prompt keeps that prompt's runs finished
+/// with their baseline: the report is not emptied by a run still to come.
+#[test]
+fn an_interrupted_bench_keeps_the_runs_finished_in_its_last_prompt() {
+    use cascade::bench::{run, BenchConfig, BenchOptions, EarlyEnd, SuitePrompt};
+    use cascade::draft::{Draft, Drafter, Request};
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    let _s = serial();
+    struct Quiet;
+    impl Drafter for Quiet {
+        fn name(&self) -> &str {
+            "quiet"
+        }
+        fn draft(&mut self, _: &[u32], _: &mut Request) -> cascade::Result<Draft> {
+            Ok(Draft::new())
+        }
+    }
+    let mut registry = cascade::config::Registry::default();
+    registry.register("quiet", |_| Ok(Box::new(Quiet)));
+    let toml = format!(
+        "[target]\nmodel = \"{SMOLLM2}\"\ndrafter = \"q\"\n[drafters.q]\nkind = \"quiet\"\n"
+    );
+    let config = |label: &str| BenchConfig {
+        label: label.into(),
+        plan: RawConfig::parse(&toml, "t")
+            .unwrap()
+            .validate_with(&models_dir(), &registry)
+            .unwrap(),
+    };
+    let configs = [config("a"), config("b")];
+    let suite = [SuitePrompt {
+        category: "code".into(),
+        prompt: "def add(a, b):".into(),
+        chat: false,
+        line: 0,
+    }];
+    let opts = BenchOptions {
+        max_new_tokens: 2,
+        repeats: 1,
+        warmup_prompts: 0,
+        sampling: None,
+    };
+    let mut store = cascade::model::ModelStore::default();
+    let stop = AtomicBool::new(false);
+    // Ctrl-C after the second run (the baseline's, then `a`'s): `b` never runs.
+    let (records, end) = run(
+        &configs,
+        &suite,
+        &opts,
+        &mut store,
+        &stop,
+        &mut |done, _, _| stop.store(done == 2, Ordering::Relaxed),
+    )
+    .unwrap();
+    let labels: Vec<&str> = records.iter().map(|r| r.config.as_str()).collect();
+    assert_eq!(labels, ["autoregressive", "a"]);
+    assert!(matches!(end, Some(EarlyEnd::Interrupted)), "{end:?}");
 }

@@ -314,33 +314,44 @@ pub fn run(
     for repeat in 0..opts.repeats {
         for (i, (p, tokens)) in suite.iter().zip(&prompts).enumerate() {
             let mut outputs: Vec<Option<Generation>> = vec![None; n];
+            let mut early_end = None;
             for j in 0..n {
                 let slot = (i + repeat + j) % n;
                 if stop.load(Ordering::Relaxed) {
-                    return Ok((records, Some(EarlyEnd::Interrupted)));
+                    early_end = Some(EarlyEnd::Interrupted);
+                    break;
                 }
                 let (label, e, o) = &mut engines[slot];
                 // Every run reads its prompt whole, as the first request would.
                 e.forget();
                 match e.generate(tokens, o, &mut |_| {}) {
                     Ok(out) => outputs[slot] = Some(out),
-                    Err(e) => return Ok((records, Some(EarlyEnd::Failed(e)))),
+                    Err(e) => {
+                        early_end = Some(EarlyEnd::Failed(e));
+                        break;
+                    }
                 }
                 done += 1;
                 progress(done, total, &format!("{label}, {} prompt {i}", p.category));
             }
-            let base = outputs[0].take().unwrap();
+            // The runs of a prompt the bench ended in count too, those with a baseline run.
+            let Some(base) = outputs[0].take() else {
+                return Ok((records, early_end));
+            };
             let mut base_record = record("autoregressive", p, i, repeat, &base);
             base_record.matches_autoregressive = Some(true);
             records.push(base_record);
             for (j, out) in outputs.into_iter().enumerate().skip(1) {
-                let out = out.unwrap();
+                let Some(out) = out else { continue };
                 let mut r = record(&engines[j].0, p, i, repeat, &out);
                 r.compare_with(&base.stats, &out.stats);
                 if exact_greedy(&engines[0].2) && exact_greedy(&engines[j].2) {
                     r.matches_autoregressive = Some(out.tokens == base.tokens);
                 }
                 records.push(r);
+            }
+            if early_end.is_some() {
+                return Ok((records, early_end));
             }
         }
     }

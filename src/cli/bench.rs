@@ -9,7 +9,7 @@ use cascade::files::write_atomically;
 use cascade::model::ModelStore;
 use cascade::sampling::Sampling;
 use clap::Args;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
@@ -84,12 +84,14 @@ pub struct CalibrateArgs {
 
 pub fn bench_command(args: BenchArgs) -> Result<Report> {
     let mut suite = bench::load_suite(&args.prompts)?;
+    if args.max_new_tokens == 0 || args.repeats == 0 || args.per_category == Some(0) {
+        bail!("-n/--max-new-tokens, --repeats and --per-category must be >= 1");
+    }
     if let Some(n) = args.per_category {
         bench::per_category(&mut suite, n);
     }
-    if args.max_new_tokens == 0 || args.repeats == 0 {
-        bail!("-n/--max-new-tokens and --repeats must be >= 1");
-    }
+    // The report's folder is checked now, not after the hour the suite may take.
+    report_folder(&args.out)?;
     if suite.is_empty() {
         bail!("{}: the prompt suite is empty", args.prompts.display());
     }
@@ -166,7 +168,7 @@ pub fn bench_command(args: BenchArgs) -> Result<Report> {
             _ => "interrupted".to_string(),
         };
         bail!(
-            "{why} before any run of the suite finished: no report written ({} is unchanged)",
+            "{why} before any run of the suite finished: no report written (what {} held is unchanged)",
             args.out.display()
         );
     }
@@ -211,6 +213,21 @@ pub fn bench_command(args: BenchArgs) -> Result<Report> {
         None => {}
     }
     Ok(report)
+}
+
+/// Creates `dir`, the folder a report goes to, if missing; an error names it if it cannot be
+/// one (a file is in the way, or the folder cannot be created or written to).
+fn report_folder(dir: &Path) -> Result<()> {
+    let what = || format!("the report folder {}", dir.display());
+    if dir.exists() && !dir.is_dir() {
+        bail!("{} is a file, not a folder", what());
+    }
+    std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", what()))?;
+    // A folder that cannot take a file fails here, not after the run.
+    let probe = dir.join(format!(".cascade-{}.probe", std::process::id()));
+    std::fs::write(&probe, b"").with_context(|| format!("cannot write to {}", what()))?;
+    let _ = std::fs::remove_file(&probe);
+    Ok(())
 }
 
 pub fn plan(args: PlanArgs) -> Result<()> {
@@ -281,6 +298,25 @@ pub fn plan(args: PlanArgs) -> Result<()> {
         (levels, Vec::new())
     };
     if let Some(out) = args.write {
+        // Writing over the config itself would drop its comments and its user's choices.
+        let same = |a: &Path, b: &Path| {
+            a.canonicalize()
+                .is_ok_and(|a| b.canonicalize().is_ok_and(|b| a == b))
+        };
+        if same(&out, &args.config) {
+            bail!(
+                "--write {} is the config itself (writing drops its comments): name another file",
+                out.display()
+            );
+        }
+        let slower = levels
+            .iter()
+            .any(|l| l.rating == planner::Rating::Speedup && l.ranked[0].2 < 1.0);
+        if slower {
+            eprintln!(
+                "warning: even the best plan is slower than autoregressive decoding on this machine"
+            );
+        }
         let mut doc: toml::Value = toml::from_str(&std::fs::read_to_string(&args.config)?)?;
         planner::write_best(&raw, &mut doc, &levels)?;
         if !acceptance.is_empty() {
@@ -288,7 +324,8 @@ pub fn plan(args: PlanArgs) -> Result<()> {
         }
         let base = args.config.parent().map(PathBuf::from).unwrap_or_default();
         planner::absolute_paths(&mut doc, &base);
-        write_atomically(&out, toml::to_string(&doc)?.as_bytes())?;
+        write_atomically(&out, toml::to_string(&doc)?.as_bytes())
+            .with_context(|| format!("cannot write {}", out.display()))?;
         println!("wrote {}", out.display());
     }
     Ok(())
@@ -296,6 +333,14 @@ pub fn plan(args: PlanArgs) -> Result<()> {
 
 pub fn calibrate(args: CalibrateArgs) -> Result<()> {
     use cascade::costs::{CostCache, CostEvent, Subject};
+    // A cache path that can never be written fails before minutes of measuring.
+    if let Some(dir) = args.cache.as_deref().filter(|p| p.is_dir()) {
+        bail!(
+            "--cache {} is a folder: name the cost cache file (e.g. {})",
+            dir.display(),
+            dir.join("costs.json").display()
+        );
+    }
     let mut store = ModelStore::default();
     let mut models = Vec::new();
     let mut plans = Vec::new();

@@ -164,7 +164,7 @@ impl PluginContext<'_> {
         if path.is_file() {
             Ok(Some(path))
         } else {
-            Err(self.error(key, format!("file not found: {}", path.display())))
+            Err(self.error(key, crate::files::not_a_file(&path)))
         }
     }
 }

@@ -410,7 +410,7 @@ impl Validator<'_> {
             if !p.is_file() {
                 return Err(Error::config(
                     format!("{at}.tokenizer"),
-                    format!("file not found: {}", p.display()),
+                    crate::files::not_a_file(p),
                 ));
             }
         }
@@ -423,10 +423,7 @@ impl Validator<'_> {
         if p.is_file() {
             Ok(p)
         } else {
-            Err(Error::config(
-                at,
-                format!("file not found: {}", p.display()),
-            ))
+            Err(Error::config(at, crate::files::not_a_file(&p)))
         }
     }
 

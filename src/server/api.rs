@@ -255,8 +255,13 @@ impl Common {
             (None, None) => None,
         };
         if let Some((field, m)) = max_tokens {
-            if m == 0 {
-                return Err(ApiError::invalid(field, "must be at least 1"));
+            // The bound of a config's `max_new_tokens` and of the CLI's `-n`.
+            let most = crate::config::MAX_CONTEXT as u64;
+            if !(1..=most).contains(&m) {
+                return Err(ApiError::invalid(
+                    field,
+                    format!("must be between 1 and {most}, got {m}"),
+                ));
             }
         }
         if let Some(t) = self.temperature {
@@ -517,6 +522,25 @@ mod tests {
         assert_eq!(o.stop, ["END"]);
         assert_eq!(o.sampling.temperature, 0.0);
         assert_eq!(o.max_new_tokens, 7);
+    }
+
+    /// A token limit is checked as a config's `max_new_tokens` and the CLI's `-n` are, under
+    /// either name.
+    #[test]
+    fn a_token_limit_out_of_range_is_refused() {
+        let refused = |body: &str| {
+            let r: Common = serde_json::from_str(body).unwrap();
+            r.settings().err().map(|e| e.message)
+        };
+        assert_eq!(
+            refused(r#"{"max_tokens": 0}"#).as_deref(),
+            Some("max_tokens: must be between 1 and 16777216, got 0")
+        );
+        assert_eq!(
+            refused(r#"{"max_completion_tokens": 16777217}"#).as_deref(),
+            Some("max_completion_tokens: must be between 1 and 16777216, got 16777217")
+        );
+        assert_eq!(refused(r#"{"max_tokens": 16777216}"#), None);
     }
 
     #[test]

@@ -581,7 +581,12 @@ fn stream(
             }
         }
         if outs.len() < s.n {
-            return; // cancelled at shutdown: the stream ends without [DONE]
+            // Cancelled at shutdown: an error event says the answer was cut off (a stream
+            // that merely stopped would read as finished), and no [DONE] follows.
+            send(
+                json!({"error": {"message": "the server is shutting down: the answer was cut off", "type": "server_error", "param": null, "code": null}}),
+            );
+            return;
         }
         if s.include_usage {
             let mut last = head.wrap(true, Vec::new());
