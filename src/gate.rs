@@ -282,16 +282,18 @@ impl Adaptive {
             .collect()
     }
 
-    /// A new sequence begins: the reported counts and the recent rate `λ` start over, what
-    /// was learned of each drafter's acceptance is kept. `λ` is the rate of the text so far,
-    /// which says nothing of a new prompt's: carried over from a text that Max-Gram copied
-    /// fast, it made a draft model not worth reading the next prompt for (in `cascade
-    /// bench`, the code-editing prompts after the code-completion ones were drafted without
-    /// the 0.5B, which a fresh process reads them with).
+    /// A new sequence begins: the reported counts and the recent rates (`λ`, and plain
+    /// decoding's at the text's length) start over as a new gate's, what was learned of each
+    /// drafter's acceptance is kept. `λ` is the rate of the text so far, which says nothing of
+    /// a new prompt's: carried over from a text that Max-Gram copied fast, it made a draft
+    /// model not worth reading the next prompt for (in `cascade bench`, the code-editing
+    /// prompts after the code-completion ones were drafted without the 0.5B, which a fresh
+    /// process reads them with).
     pub fn start_sequence(&mut self) {
         self.drafters
             .iter_mut()
             .for_each(|(_, c)| c.total = [(0, 0); BUCKETS]);
+        self.decoding = 1.0 / self.verify.seconds(1);
         self.rate = self.decoding;
     }
 
