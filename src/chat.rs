@@ -27,7 +27,11 @@ pub fn apply(tokenizer: &Tokenizer, system: Option<&str>, prompt: &str) -> Resul
 /// with the assistant's turn opened.
 pub fn render(tokenizer: &Tokenizer, turns: &[(&str, &str)]) -> Result<String> {
     let template = tokenizer.chat_template().ok_or_else(|| {
-        Error::ChatTemplate("the model has no chat template (tokenizer.chat_template)".into())
+        Error::ChatTemplate(
+            "the model has no chat template (tokenizer.chat_template): give the prompt as raw \
+             text (`--no-chat`, or `chat = false` under [generation])"
+                .into(),
+        )
     })?;
     let mut env = minijinja::Environment::new();
     env.set_trim_blocks(true);

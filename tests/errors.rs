@@ -922,3 +922,15 @@ fn an_interrupted_bench_keeps_the_runs_finished_in_its_last_prompt() {
     assert_eq!(labels, ["autoregressive", "a"]);
     assert!(matches!(end, Some(EarlyEnd::Interrupted)), "{end:?}");
 }
+
+/// A chat prompt for a model without a chat template says how to give it as raw text.
+#[test]
+fn a_chat_prompt_for_a_model_without_a_template_says_how_to_run_it() {
+    let t = common::toy_tokenizer(4);
+    let e = cascade::chat::apply(&t, None, "hi").unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "chat template: the model has no chat template (tokenizer.chat_template): give the \
+         prompt as raw text (`--no-chat`, or `chat = false` under [generation])"
+    );
+}

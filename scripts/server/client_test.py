@@ -103,6 +103,8 @@ for path, method, body, status in [("/v1/embeddings", "POST", b"{}", 404),
         except (urllib.error.URLError, ConnectionError) as e:
             code, err = None, e
     check(f"{status} as JSON for {method} {path}", code == status and err["error"]["message"], str((code, err)))
+    if status == 413:
+        check("413 names the limit", code == 413 and "limit of 2097152 bytes" in err["error"]["message"], str(err))
 
 # A streaming client that leaves while queued costs nothing: its long prompt is never read.
 def metric(name):

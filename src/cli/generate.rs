@@ -100,6 +100,13 @@ impl SamplingArgs {
 pub fn generate(args: GenerateArgs) -> Result<()> {
     let mut raw = RawConfig::load(&args.config)?;
     raw.sampling = args.sampling.over(raw.sampling);
+    let filters = args.sampling.top_k.is_some() || args.sampling.top_p.is_some();
+    if filters && raw.sampling.temperature == 0.0 {
+        eprintln!(
+            "cascade: warning: --top-k and --top-p take effect with a temperature above 0; this \
+             run decodes greedily (-t sets the temperature)"
+        );
+    }
     let g = &mut raw.generation;
     g.max_new_tokens = args.max_new_tokens.unwrap_or(g.max_new_tokens);
     g.seed = args.seed.unwrap_or(g.seed);

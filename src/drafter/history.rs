@@ -95,7 +95,7 @@ pub struct HistoryMatch {
 impl History {
     /// The history in `path` for a tokenizer with `fingerprint` and `vocab` tokens, keeping at
     /// most `capacity` tokens and matching suffixes of up to `max_ngram` tokens. A missing
-    /// file is an empty history (written on the first [`History::record`]); a damaged one, or
+    /// or empty file is an empty history (written on the first [`History::record`]); a damaged one, or
     /// one for another tokenizer, is an error naming it.
     pub fn open(
         path: &Path,
@@ -304,9 +304,11 @@ impl History {
     }
 }
 
-/// The tokens of the history file at `path`, checked; `None` if there is no file.
+/// The tokens of the history file at `path`, checked; `None` if there is no file, or an
+/// empty one (created beforehand, as with `touch`).
 fn read(path: &Path, fingerprint: u64, vocab: usize) -> Result<Option<Vec<u32>>> {
     match std::fs::read(path) {
+        Ok(bytes) if bytes.is_empty() => Ok(None),
         Ok(bytes) => parse(&bytes, path, fingerprint, vocab).map(Some),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
         Err(e) => Err(bad(path, format!("cannot read: {e}"))),
@@ -515,6 +517,9 @@ mod tests {
         let mut future = good.clone();
         future[8] = 9;
         assert!(error(&future, 7).contains("format version 9, this build reads 1"));
+        // An empty file (created beforehand) is an empty history, as a missing one is.
+        std::fs::write(&path, b"").unwrap();
+        assert!(History::open(&path, 7, 100, 1000, 4).unwrap().is_empty());
         assert!(h
             .record(&[100])
             .unwrap_err()

@@ -188,6 +188,7 @@ pub fn serve(
                 format!("{} does not answer {method}", uri.path()),
             )
         })
+        .layer(axum::extract::DefaultBodyLimit::max(BODY_LIMIT))
         .with_state(app);
     let router = match opts.cors.layer() {
         Some(cors) => router.layer(cors),
@@ -275,9 +276,16 @@ async fn render_metrics(State(app): State<Arc<App>>) -> impl IntoResponse {
 /// A request body, or the error its reading met (too large, cut off) as OpenAI-style JSON.
 type Body = std::result::Result<Bytes, BytesRejection>;
 
+/// The largest request body read: axum's default, set here so that its error can name it.
+const BODY_LIMIT: usize = 2 << 20;
+
 fn read(body: Body) -> std::result::Result<Value, ApiError> {
     match body {
         Ok(bytes) => api::body(&bytes),
+        Err(e) if e.status() == StatusCode::PAYLOAD_TOO_LARGE => Err(ApiError::new(
+            e.status(),
+            format!("the request body is larger than this server's limit of {BODY_LIMIT} bytes"),
+        )),
         Err(e) => Err(ApiError::new(e.status(), e.body_text())),
     }
 }
