@@ -29,7 +29,8 @@ pub fn render(tokenizer: &Tokenizer, turns: &[(&str, &str)]) -> Result<String> {
     let template = tokenizer.chat_template().ok_or_else(|| {
         Error::ChatTemplate(
             "the model has no chat template (tokenizer.chat_template): give the prompt as raw \
-             text (`--no-chat`, or `chat = false` under [generation])"
+             text (`--no-chat`; `chat = false` under [generation]; `\"chat\": false` on a \
+             bench suite's line)"
                 .into(),
         )
     })?;

@@ -772,6 +772,33 @@ mod tests {
         assert!(worth(&a));
     }
 
+    /// Plain decoding's rate follows the text's length, and a new sequence starts it again at
+    /// a short text's: after a long text, where decoding is slow, a new prompt's catch-up is
+    /// weighed at a short text's faster decoding.
+    #[test]
+    fn a_new_sequence_weighs_a_catch_up_at_a_short_texts_decoding() {
+        let small: Source = "small".into();
+        // 10 us per token of context: 100 ms a step after 5,064 tokens, 50 ms at the start.
+        let cost = ForwardCost {
+            per_context: vec![(1, 1e-5)],
+            ..verify()
+        };
+        let mut a = Adaptive::new(cost);
+        a.set_horizon(0, 100);
+        // 100 tokens at 20 tokens/s take 5 s, at 10 tokens/s 10 s: a catch-up of 0.75 s fits
+        // a tenth of the latter only.
+        let worth =
+            |a: &Adaptive| Gate::adaptive(a.clone()).worth_catching_up(&small, 0.75, None, 8);
+        assert!(!worth(&a));
+        for _ in 0..60 {
+            let gate = Gate::adaptive_at(a.clone(), 0, 5_064);
+            a.learn(&gate, 0);
+        }
+        assert!(worth(&a), "after a long text, decoding is slow");
+        a.start_sequence();
+        assert!(!worth(&a));
+    }
+
     #[test]
     fn a_large_token_limit_does_not_pay_for_a_catch_up_until_the_answer_runs_long() {
         let s: Source = "d".into();

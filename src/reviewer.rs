@@ -145,9 +145,9 @@ impl Reviewer {
         Ok(cached)
     }
 
-    /// A new sequence begins: the counters and the adaptive gate's recent rate start over
-    /// ([`read`] the prompt later, or let the first round catch up on it); the cache is kept as far as the new sequence agrees with
-    /// it ([`SyncedModel::reset`]).
+    /// A new sequence begins: the counters and the adaptive gate's recent rates start over
+    /// ([`read`] the prompt later, or let the first round catch up on it); the cache is kept
+    /// as far as the new sequence agrees with it ([`SyncedModel::reset`]).
     ///
     /// [`read`]: Reviewer::read
     pub fn reset(&mut self) {

@@ -931,6 +931,7 @@ fn a_chat_prompt_for_a_model_without_a_template_says_how_to_run_it() {
     assert_eq!(
         e.to_string(),
         "chat template: the model has no chat template (tokenizer.chat_template): give the \
-         prompt as raw text (`--no-chat`, or `chat = false` under [generation])"
+         prompt as raw text (`--no-chat`; `chat = false` under [generation]; `\"chat\": \
+         false` on a bench suite's line)"
     );
 }

@@ -90,8 +90,6 @@ pub fn bench_command(args: BenchArgs) -> Result<Report> {
     if let Some(n) = args.per_category {
         bench::per_category(&mut suite, n);
     }
-    // The report's folder is checked now, not after the hour the suite may take.
-    report_folder(&args.out)?;
     if suite.is_empty() {
         bail!("{}: the prompt suite is empty", args.prompts.display());
     }
@@ -131,6 +129,8 @@ pub fn bench_command(args: BenchArgs) -> Result<Report> {
         warmup_prompts: args.warmup,
         sampling,
     };
+    // The report's folder is checked now, not after the hour the suite may take.
+    report_folder(&args.out)?;
     let stop = Arc::new(AtomicBool::new(false));
     let flag = stop.clone();
     ctrlc::set_handler(move || {
@@ -195,7 +195,9 @@ pub fn bench_command(args: BenchArgs) -> Result<Report> {
         summary,
         interrupted: early_end.is_some(),
     };
-    let table = report.write(&args.out)?;
+    let table = report
+        .write(&args.out)
+        .with_context(|| format!("cannot write the report to {}", args.out.display()))?;
     println!("{table}\nreport: {}", args.out.display());
     if report.greedy_mismatches() > 0 {
         bail!(
@@ -239,6 +241,25 @@ pub fn plan(args: PlanArgs) -> Result<()> {
             cascade::config::MAX_DRAFT,
             args.max_k
         );
+    }
+    // Checked before a calibration bench that may take minutes. Writing over the config
+    // itself would drop its comments and its user's choices.
+    if let Some(out) = &args.write {
+        let same = out
+            .canonicalize()
+            .is_ok_and(|o| args.config.canonicalize().is_ok_and(|c| o == c));
+        if same {
+            bail!(
+                "--write {} is the config itself (writing drops its comments): name another file",
+                out.display()
+            );
+        }
+        if out.is_dir() {
+            bail!(
+                "--write {} is a folder: name the config file to write",
+                out.display()
+            );
+        }
     }
     let (report, from) = match &args.report {
         Some(path) => {
@@ -298,17 +319,6 @@ pub fn plan(args: PlanArgs) -> Result<()> {
         (levels, Vec::new())
     };
     if let Some(out) = args.write {
-        // Writing over the config itself would drop its comments and its user's choices.
-        let same = |a: &Path, b: &Path| {
-            a.canonicalize()
-                .is_ok_and(|a| b.canonicalize().is_ok_and(|b| a == b))
-        };
-        if same(&out, &args.config) {
-            bail!(
-                "--write {} is the config itself (writing drops its comments): name another file",
-                out.display()
-            );
-        }
         let slower = levels
             .iter()
             .any(|l| l.rating == planner::Rating::Speedup && l.ranked[0].2 < 1.0);

@@ -95,8 +95,8 @@ pub struct HistoryMatch {
 impl History {
     /// The history in `path` for a tokenizer with `fingerprint` and `vocab` tokens, keeping at
     /// most `capacity` tokens and matching suffixes of up to `max_ngram` tokens. A missing
-    /// or empty file is an empty history (written on the first [`History::record`]); a damaged one, or
-    /// one for another tokenizer, is an error naming it.
+    /// or empty file is an empty history (written on the first [`History::record`]); a
+    /// damaged one, or one for another tokenizer, is an error naming it.
     pub fn open(
         path: &Path,
         fingerprint: u64,

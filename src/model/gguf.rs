@@ -65,7 +65,10 @@ impl GgufFile<'static> {
         if !path.is_file() {
             return Err(Error::ModelNotFound(path.to_path_buf()));
         }
-        let file = File::open(path)?;
+        let file = File::open(path).map_err(|e| Error::BadModelFile {
+            path: path.to_path_buf(),
+            reason: format!("cannot open it: {e}"),
+        })?;
         GgufFile::from_reader(path, BufReader::with_capacity(1 << 20, file))
     }
 }
@@ -77,8 +80,9 @@ impl<'a> GgufFile<'a> {
             path: path.to_path_buf(),
             reason,
         };
-        let size = reader.seek(SeekFrom::End(0))?;
-        reader.seek(SeekFrom::Start(0))?;
+        let seek_error = |e: std::io::Error| bad(format!("cannot read it: {e}"));
+        let size = reader.seek(SeekFrom::End(0)).map_err(seek_error)?;
+        reader.seek(SeekFrom::Start(0)).map_err(seek_error)?;
         let (content, layout) = {
             let mut r = HeaderReader {
                 inner: &mut reader,
