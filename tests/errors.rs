@@ -787,11 +787,61 @@ fn the_cli_reports_a_bad_model_in_one_line() {
     assert!(!stderr.to_lowercase().contains("backtrace"), "{stderr}");
 }
 
+/// A 2-token bench of SmolLM2 drafted by the plug-in `make` (registered as `kind`), one
+/// config per label, over `prompts` (raw code); `progress` sees each finished run and may set
+/// `stop` (Ctrl-C).
+fn plugin_bench(
+    kind: &str,
+    make: impl Fn() -> Box<dyn cascade::draft::Drafter> + Send + Sync + 'static,
+    labels: &[&str],
+    prompts: &[&str],
+    stop: &std::sync::atomic::AtomicBool,
+    progress: &mut dyn FnMut(usize),
+) -> (
+    Vec<cascade::bench::RunRecord>,
+    Option<cascade::bench::EarlyEnd>,
+) {
+    use cascade::bench::{run, BenchConfig, BenchOptions, SuitePrompt};
+    let mut registry = cascade::config::Registry::default();
+    registry.register(kind, move |_| Ok(make()));
+    let toml = format!(
+        "[target]\nmodel = \"{SMOLLM2}\"\ndrafter = \"d\"\n[drafters.d]\nkind = \"{kind}\"\n"
+    );
+    let configs: Vec<BenchConfig> = labels
+        .iter()
+        .map(|label| BenchConfig {
+            label: label.to_string(),
+            plan: RawConfig::parse(&toml, "t")
+                .unwrap()
+                .validate_with(&models_dir(), &registry)
+                .unwrap(),
+        })
+        .collect();
+    let suite: Vec<SuitePrompt> = prompts
+        .iter()
+        .map(|text| SuitePrompt {
+            category: "code".into(),
+            prompt: text.to_string(),
+            chat: false,
+            line: 0,
+        })
+        .collect();
+    let opts = BenchOptions {
+        max_new_tokens: 2,
+        repeats: 1,
+        warmup_prompts: 0,
+        sampling: None,
+    };
+    let mut store = cascade::model::ModelStore::default();
+    let mut progress = |done, _, _: &str| progress(done);
+    run(&configs, &suite, &opts, &mut store, stop, &mut progress).unwrap()
+}
+
 /// A generation that fails in the middle of a bench ends it, with the runs finished before it
 /// kept for the report and the failure named.
 #[test]
 fn a_failing_generation_ends_a_bench_with_the_runs_before_it() {
-    use cascade::bench::{run, BenchConfig, BenchOptions, EarlyEnd, SuitePrompt};
+    use cascade::bench::EarlyEnd;
     use cascade::draft::{Draft, Drafter, Request};
     use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
     use std::sync::Arc;
@@ -814,46 +864,14 @@ fn a_failing_generation_ends_a_bench_with_the_runs_before_it() {
         }
     }
     let starts = Arc::new(AtomicUsize::new(0));
-    let mut registry = cascade::config::Registry::default();
-    let counter = starts.clone();
-    registry.register("fails", move |_| {
-        Ok(Box::new(FailsOnSecond(counter.clone())))
-    });
-    let toml = format!(
-        "[target]\nmodel = \"{SMOLLM2}\"\ndrafter = \"f\"\n[drafters.f]\nkind = \"fails\"\n"
+    let (records, end) = plugin_bench(
+        "fails",
+        move || Box::new(FailsOnSecond(starts.clone())),
+        &["fails"],
+        &["def add(a, b):", "def sub(a, b):"],
+        &AtomicBool::new(false),
+        &mut |_| {},
     );
-    let plan = RawConfig::parse(&toml, "t")
-        .unwrap()
-        .validate_with(&models_dir(), &registry)
-        .unwrap();
-    let configs = [BenchConfig {
-        label: "fails".into(),
-        plan,
-    }];
-    let prompt = |text: &str| SuitePrompt {
-        category: "code".into(),
-        prompt: text.into(),
-        chat: false,
-        line: 0,
-    };
-    let suite = [prompt("def add(a, b):"), prompt("def sub(a, b):")];
-    let opts = BenchOptions {
-        max_new_tokens: 2,
-        repeats: 1,
-        warmup_prompts: 0,
-        sampling: None,
-    };
-    let mut store = cascade::model::ModelStore::default();
-    let stop = AtomicBool::new(false);
-    let (records, end) = run(
-        &configs,
-        &suite,
-        &opts,
-        &mut store,
-        &stop,
-        &mut |_, _, _| {},
-    )
-    .unwrap();
     // The first prompt's runs (the baseline's and the config's), then the failure.
     assert_eq!(records.len(), 2);
     assert!(records.iter().all(|r| r.prompt == 0));
@@ -867,7 +885,7 @@ fn a_failing_generation_ends_a_bench_with_the_runs_before_it() {
 /// with their baseline: the report is not emptied by a run still to come.
 #[test]
 fn an_interrupted_bench_keeps_the_runs_finished_in_its_last_prompt() {
-    use cascade::bench::{run, BenchConfig, BenchOptions, EarlyEnd, SuitePrompt};
+    use cascade::bench::EarlyEnd;
     use cascade::draft::{Draft, Drafter, Request};
     use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -881,43 +899,16 @@ fn an_interrupted_bench_keeps_the_runs_finished_in_its_last_prompt() {
             Ok(Draft::new())
         }
     }
-    let mut registry = cascade::config::Registry::default();
-    registry.register("quiet", |_| Ok(Box::new(Quiet)));
-    let toml = format!(
-        "[target]\nmodel = \"{SMOLLM2}\"\ndrafter = \"q\"\n[drafters.q]\nkind = \"quiet\"\n"
-    );
-    let config = |label: &str| BenchConfig {
-        label: label.into(),
-        plan: RawConfig::parse(&toml, "t")
-            .unwrap()
-            .validate_with(&models_dir(), &registry)
-            .unwrap(),
-    };
-    let configs = [config("a"), config("b")];
-    let suite = [SuitePrompt {
-        category: "code".into(),
-        prompt: "def add(a, b):".into(),
-        chat: false,
-        line: 0,
-    }];
-    let opts = BenchOptions {
-        max_new_tokens: 2,
-        repeats: 1,
-        warmup_prompts: 0,
-        sampling: None,
-    };
-    let mut store = cascade::model::ModelStore::default();
     let stop = AtomicBool::new(false);
     // Ctrl-C after the second run (the baseline's, then `a`'s): `b` never runs.
-    let (records, end) = run(
-        &configs,
-        &suite,
-        &opts,
-        &mut store,
+    let (records, end) = plugin_bench(
+        "quiet",
+        || Box::new(Quiet),
+        &["a", "b"],
+        &["def add(a, b):"],
         &stop,
-        &mut |done, _, _| stop.store(done == 2, Ordering::Relaxed),
-    )
-    .unwrap();
+        &mut |done| stop.store(done == 2, Ordering::Relaxed),
+    );
     let labels: Vec<&str> = records.iter().map(|r| r.config.as_str()).collect();
     assert_eq!(labels, ["autoregressive", "a"]);
     assert!(matches!(end, Some(EarlyEnd::Interrupted)), "{end:?}");
