@@ -787,6 +787,30 @@ fn the_cli_reports_a_bad_model_in_one_line() {
     assert!(!stderr.to_lowercase().contains("backtrace"), "{stderr}");
 }
 
+/// `serve` takes its port before it loads the models: a port in use is reported at once, not
+/// after a minute of loading (here the model would fail to load, and that error never comes).
+#[test]
+fn serve_reports_a_port_in_use_before_loading_the_models() {
+    let (dir, path) = smollm2_with("llama.attention.head_count", 0);
+    let config = dir.path().join("c.toml");
+    std::fs::write(&config, format!("[target]\nmodel = {:?}\n", path)).unwrap();
+    let taken = std::net::TcpListener::bind(("127.0.0.1", 0)).unwrap();
+    let port = taken.local_addr().unwrap().port().to_string();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_cascade"))
+        .args(["serve", "-c", config.to_str().unwrap(), "--port", &port])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr
+            .trim_end()
+            .starts_with(&format!("cascade: cannot listen on 127.0.0.1:{port}: ")),
+        "{stderr}"
+    );
+    assert_eq!(stderr.trim_end().lines().count(), 1, "{stderr}");
+}
+
 /// A 2-token bench of SmolLM2 drafted by the plug-in `make` (registered as `kind`), one
 /// config per label, over `prompts` (raw code); `progress` sees each finished run and may set
 /// `stop` (Ctrl-C).

@@ -4,7 +4,7 @@ use super::{build, label, load_plan};
 use anyhow::{bail, Result};
 use cascade::config::RawConfig;
 use cascade::model::ModelStore;
-use cascade::server::{serve, Cors, ServeOptions};
+use cascade::server::{listen, serve, Cors, ServeOptions};
 use clap::Args;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -59,10 +59,10 @@ pub fn serve_command(args: ServeArgs) -> Result<()> {
     if plan.options.lenience != 1.0 {
         bail!("a server's output must be exactly the target's: lenience must be 1 at the target");
     }
+    let listener = listen(&args.host, args.port)?;
     let engine = build(&plan, &mut ModelStore::default())?;
     let opts = ServeOptions {
-        host: args.host,
-        port: args.port,
+        listener,
         queue: args.queue,
         grace,
         model: label(&args.config),

@@ -34,12 +34,11 @@ use worker::Ticket;
 use worker::{Event, Job};
 
 /// Where and how to serve.
-#[derive(Clone, Debug)]
+#[derive(Debug)]
 pub struct ServeOptions {
-    /// Address to listen on.
-    pub host: String,
-    /// Port to listen on (0: any free port).
-    pub port: u16,
+    /// Where to take connections ([`listen`]): bound before the models load, so that a port
+    /// in use is reported at once.
+    pub listener: std::net::TcpListener,
     /// Requests that may wait for the engine; more get 429.
     pub queue: usize,
     /// After SIGINT/SIGTERM, how long running requests may take before they are cancelled.
@@ -140,6 +139,17 @@ struct App {
     checking: tokio::sync::Semaphore,
 }
 
+/// A listener on `host:port` (port 0: any free port), for [`ServeOptions::listener`].
+pub fn listen(host: &str, port: u16) -> Result<std::net::TcpListener> {
+    let cannot = |e: std::io::Error| {
+        std::io::Error::new(e.kind(), format!("cannot listen on {host}:{port}: {e}"))
+    };
+    let listener = std::net::TcpListener::bind((host, port)).map_err(cannot)?;
+    // Tokio takes over a listener only in non-blocking mode.
+    listener.set_nonblocking(true).map_err(cannot)?;
+    Ok(listener)
+}
+
 /// Serves until SIGINT or SIGTERM; `ready` is called with the bound address.
 pub fn serve(
     engine: Engine,
@@ -200,14 +210,7 @@ pub fn serve(
         .build()?;
     let aborting = abort.clone();
     runtime.block_on(async move {
-        let listener = tokio::net::TcpListener::bind((opts.host.as_str(), opts.port))
-            .await
-            .map_err(|e| {
-                std::io::Error::new(
-                    e.kind(),
-                    format!("cannot listen on {}:{}: {e}", opts.host, opts.port),
-                )
-            })?;
+        let listener = tokio::net::TcpListener::from_std(opts.listener)?;
         ready(listener.local_addr()?);
         let grace = opts.grace;
         let shutdown = async move {
