@@ -161,7 +161,16 @@ pub fn parse<T: serde::de::DeserializeOwned>(body: &Value) -> Result<T, ApiError
         let path = e.path().to_string();
         let inner = e.into_inner().to_string();
         match path.as_str() {
-            "." => ApiError::new(StatusCode::BAD_REQUEST, inner),
+            "." => {
+                // serde names a missing field in its message only: `param` names it too.
+                let missing = inner
+                    .strip_prefix("missing field `")
+                    .and_then(|f| f.split('`').next());
+                ApiError {
+                    param: missing.map(str::to_string),
+                    ..ApiError::new(StatusCode::BAD_REQUEST, inner.as_str())
+                }
+            }
             _ => ApiError::invalid(&path, inner),
         }
     })
@@ -465,6 +474,27 @@ mod tests {
     fn settings(body: &str) -> Settings {
         let r: Common = serde_json::from_str(body).unwrap();
         r.settings().unwrap_or_else(|e| panic!("{}", e.message))
+    }
+
+    #[test]
+    fn a_missing_or_mistyped_field_is_the_errors_param() {
+        let error = |body: &str| {
+            parse::<ChatRequest>(&serde_json::from_str(body).unwrap())
+                .err()
+                .unwrap()
+        };
+        let e = error(r#"{"model": "m"}"#);
+        assert_eq!(
+            (e.message.as_str(), e.param.as_deref()),
+            ("missing field `messages`", Some("messages"))
+        );
+        let e = error(r#"{"messages": 3}"#);
+        assert_eq!(e.param.as_deref(), Some("messages"));
+        assert!(
+            e.message.starts_with("messages: invalid type: integer `3`"),
+            "{}",
+            e.message
+        );
     }
 
     #[test]
