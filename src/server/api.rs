@@ -113,7 +113,8 @@ pub struct StreamOptions {
 }
 
 /// The fields both endpoints share; unknown fields are ignored, as OpenAI clients send
-/// many this server has no use for (`model` among them: one server serves one model set).
+/// many this server has no use for (`model` among them: one server serves one model set),
+/// and logged if not known to change nothing ([`unknown_fields`]).
 #[derive(Deserialize)]
 pub struct Common {
     pub max_tokens: Option<u64>,
@@ -176,23 +177,25 @@ pub fn parse<T: serde::de::DeserializeOwned>(body: &Value) -> Result<T, ApiError
     })
 }
 
-/// OpenAI fields this server does not implement. Clients send many of them with values that
+/// OpenAI fields this server does not implement ([`refuse_unsupported`]).
+const UNSUPPORTED: [&str; 11] = [
+    "logprobs",
+    "top_logprobs",
+    "echo",
+    "logit_bias",
+    "presence_penalty",
+    "frequency_penalty",
+    "response_format",
+    "tools",
+    "functions",
+    "best_of",
+    "suffix",
+];
+
+/// Refuses the OpenAI fields this server does not implement. Clients send many of them with values that
 /// ask for nothing (`"logprobs": false`, `"presence_penalty": 0`), which pass; any other value
 /// is refused, since ignoring it would answer another request than the one sent.
 pub fn refuse_unsupported(body: &Value) -> Result<(), ApiError> {
-    const FIELDS: [&str; 11] = [
-        "logprobs",
-        "top_logprobs",
-        "echo",
-        "logit_bias",
-        "presence_penalty",
-        "frequency_penalty",
-        "response_format",
-        "tools",
-        "functions",
-        "best_of",
-        "suffix",
-    ];
     let asks_nothing = |field: &str, v: &Value| {
         v.is_null()
             || match field {
@@ -208,13 +211,62 @@ pub fn refuse_unsupported(body: &Value) -> Result<(), ApiError> {
                 _ => false,
             }
     };
-    match FIELDS
+    match UNSUPPORTED
         .iter()
         .find(|&&f| body.get(f).is_some_and(|v| !asks_nothing(f, v)))
     {
         Some(field) => Err(ApiError::invalid(field, "is not supported by this server")),
         None => Ok(()),
     }
+}
+
+/// Top-level fields of `body` this server neither reads nor refuses, nor knows as OpenAI
+/// fields that change nothing here (`model`, `user`, `metadata`, ...): most likely a typo
+/// (`temprature`), which would otherwise leave the config's value in place unnoticed. The
+/// request still runs, as OpenAI clients send fields newer than this list; the server logs
+/// them.
+pub fn unknown_fields(body: &Value) -> Vec<&str> {
+    const READ: [&str; 13] = [
+        "messages",
+        "prompt",
+        "max_tokens",
+        "max_completion_tokens",
+        "temperature",
+        "top_p",
+        "top_k",
+        "seed",
+        "stop",
+        "n",
+        "stream",
+        "stream_options",
+        "prediction",
+    ];
+    const NO_EFFECT: [&str; 14] = [
+        "model",
+        "user",
+        "metadata",
+        "store",
+        "service_tier",
+        "parallel_tool_calls",
+        "tool_choice",
+        "function_call",
+        "modalities",
+        "reasoning_effort",
+        "verbosity",
+        "prompt_cache_key",
+        "safety_identifier",
+        "web_search_options",
+    ];
+    body.as_object().map_or_else(Vec::new, |o| {
+        o.keys()
+            .map(String::as_str)
+            .filter(|k| {
+                ![&READ[..], &NO_EFFECT, &UNSUPPORTED]
+                    .iter()
+                    .any(|l| l.contains(k))
+            })
+            .collect()
+    })
 }
 
 /// The checked settings of one request.
@@ -600,6 +652,16 @@ mod tests {
                 Err(format!("{field}: is not supported by this server"))
             );
         }
+    }
+
+    #[test]
+    fn only_fields_unknown_to_the_server_are_named_as_ignored() {
+        let body = serde_json::json!({"model": "x", "messages": [], "temprature": 0.2,
+            "user": "u", "logprobs": false, "stream": true, "top-p": 0.5});
+        let mut unknown = unknown_fields(&body);
+        unknown.sort();
+        assert_eq!(unknown, ["temprature", "top-p"]);
+        assert!(unknown_fields(&serde_json::json!({"prompt": "x", "n": 2})).is_empty());
     }
 
     #[test]
