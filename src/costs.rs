@@ -168,34 +168,47 @@ pub fn contended(cpu_share: Option<f64>) -> Option<f64> {
 }
 
 /// Measures `models` side by side: every model at every length of [`MEASURED`] after
-/// [`CONTEXT`] tokens and of [`MEASURED_LONG`] after [`LONG_CONTEXT`], interleaved in each of
-/// `reps` repetitions (after a warm-up); medians.
+/// [`CONTEXT`] tokens, each length of [`MEASURED_LONG`] also after [`LONG_CONTEXT`] right
+/// after it, in each of `reps` repetitions (after a warm-up).
+///
+/// Every figure is a median over the repetitions of what was timed close together: r(k) of
+/// each repetition's own k-token and one-token forwards, the context term of each pair of
+/// forwards over the same tokens at the two contexts, timed one after the other. A machine's
+/// speed can move by a fifth within minutes (a shared cloud machine's did), and the context
+/// term is a millisecond or two on a 20 ms forward: timed in two phases, all the short
+/// forwards and then all the long ones, the 1.5B's came out between -12.6 and 2.9 us per
+/// token of context in four calibrations; paired, between 1.9 and 2.5.
 pub fn measure(models: &[Subject], reps: usize) -> Result<Measurement> {
     let (wall, cpu) = (Instant::now(), cpu_seconds());
-    let short = forward_times(models, CONTEXT, &MEASURED, reps)?;
-    let long = forward_times(models, LONG_CONTEXT, &MEASURED_LONG, reps)?;
+    let times = forward_times(models, reps)?;
     // More threads than cores cannot all run at once.
     let cores = std::thread::available_parallelism().map_or(usize::MAX, |n| n.get());
     let threads = candle_core::utils::get_num_threads().min(cores) as f64;
     let cpu_share = cpu
         .zip(cpu_seconds())
         .map(|(start, end)| (end - start) / (wall.elapsed().as_secs_f64() * threads));
-    let costs = short
+    let costs = times
         .into_iter()
-        .zip(long)
-        .map(|(short, long)| {
-            let at = |k: usize| short[MEASURED.iter().position(|&m| m == k).expect("measured")];
+        .map(|Times { short, long }| {
+            let at = |k: usize| &short[MEASURED.iter().position(|&m| m == k).expect("measured")];
+            let per_rep = |a: &[f64], b: &[f64], f: &dyn Fn(f64, f64) -> f64| {
+                median(a.iter().zip(b).map(|(&a, &b)| f(a, b)).collect())
+            };
             ForwardCost {
-                decode_seconds: short[0],
+                decode_seconds: median(at(1).clone()),
+                // (r(1) is 1 exactly: each one-token time over itself.)
                 ratios: MEASURED
                     .iter()
                     .zip(&short)
-                    .map(|(&k, t)| (k, t / short[0]))
+                    .map(|(&k, t)| (k, per_rep(t, at(1), &|t, d| t / d)))
                     .collect(),
                 per_context: MEASURED_LONG
                     .iter()
                     .zip(&long)
-                    .map(|(&k, t)| (k, (t - at(k)) / (LONG_CONTEXT - CONTEXT) as f64))
+                    .map(|(&k, t)| {
+                        let extra = (LONG_CONTEXT - CONTEXT) as f64;
+                        (k, per_rep(t, at(k), &|long, short| (long - short) / extra))
+                    })
                     .collect(),
             }
         })
@@ -220,40 +233,63 @@ fn cpu_seconds() -> Option<f64> {
     None
 }
 
-/// Median seconds of a forward over each of `ks` tokens after `context` tokens, per model.
-fn forward_times(
-    models: &[Subject],
-    context: usize,
-    ks: &[usize],
-    reps: usize,
-) -> Result<Vec<Vec<f64>>> {
-    let ctx: Vec<u32> = (0..context as u32).map(|i| 100 + (i * 7) % 5000).collect();
-    let mut instances: Vec<Box<dyn Model>> = models
-        .iter()
-        .map(|s| Box::new(s.model.instance("cost", None)) as Box<dyn Model>)
-        .collect();
-    for (m, s) in instances.iter_mut().zip(models) {
-        m.restrict_vocabulary(s.vocabulary)?;
-        m.prefill(&ctx)?;
+/// One model's forward times, one per repetition: `short[i]` of a forward over `MEASURED[i]`
+/// tokens after [`CONTEXT`], `long[i]` over `MEASURED_LONG[i]` after [`LONG_CONTEXT`].
+struct Times {
+    short: Vec<Vec<f64>>,
+    long: Vec<Vec<f64>>,
+}
+
+/// The forward times [`measure`] takes the medians of, per model.
+fn forward_times(models: &[Subject], reps: usize) -> Result<Vec<Times>> {
+    let context = |n: usize| -> Vec<u32> { (0..n as u32).map(|i| 100 + (i * 7) % 5000).collect() };
+    let (short_ctx, long_ctx) = (context(CONTEXT), context(LONG_CONTEXT));
+    // Per model, one instance at each context.
+    let mut instances = Vec::new();
+    for s in models {
+        let mut pair = Vec::new();
+        for ctx in [&short_ctx, &long_ctx] {
+            let mut m: Box<dyn Model> = Box::new(s.model.instance("cost", None));
+            m.restrict_vocabulary(s.vocabulary)?;
+            m.prefill(ctx)?;
+            pair.push(m);
+        }
+        instances.push(pair);
     }
-    let mut times = vec![vec![Vec::with_capacity(reps); ks.len()]; models.len()];
+    let mut times: Vec<Times> = models
+        .iter()
+        .map(|_| Times {
+            short: vec![Vec::with_capacity(reps); MEASURED.len()],
+            long: vec![Vec::with_capacity(reps); MEASURED_LONG.len()],
+        })
+        .collect();
+    let timed = |m: &mut Box<dyn Model>, k: usize, ctx: usize| -> Result<f64> {
+        let feed: Vec<u32> = (0..k as u32).map(|i| 300 + i).collect();
+        let start = Instant::now();
+        m.forward(&feed)?;
+        let seconds = start.elapsed().as_secs_f64();
+        m.truncate(ctx);
+        Ok(seconds)
+    };
     for rep in 0..=reps {
-        for (m, t) in instances.iter_mut().zip(times.iter_mut()) {
-            for (t, &k) in t.iter_mut().zip(ks) {
-                let feed: Vec<u32> = (0..k as u32).map(|i| 300 + i).collect();
-                let start = Instant::now();
-                m.forward(&feed)?;
+        for (pair, t) in instances.iter_mut().zip(times.iter_mut()) {
+            for (i, &k) in MEASURED.iter().enumerate() {
+                let short = timed(&mut pair[0], k, CONTEXT)?;
+                let long = match MEASURED_LONG.iter().position(|&l| l == k) {
+                    Some(j) => Some((j, timed(&mut pair[1], k, LONG_CONTEXT)?)),
+                    None => None,
+                };
                 if rep > 0 {
-                    t.push(start.elapsed().as_secs_f64()); // the first round is a warm-up
+                    // The first round is a warm-up.
+                    t.short[i].push(short);
+                    if let Some((j, long)) = long {
+                        t.long[j].push(long);
+                    }
                 }
-                m.truncate(ctx.len());
             }
         }
     }
-    Ok(times
-        .into_iter()
-        .map(|per_k| per_k.into_iter().map(median).collect())
-        .collect())
+    Ok(times)
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -328,7 +364,9 @@ struct CacheFile {
     entries: BTreeMap<String, Entry>,
 }
 
-const VERSION: u32 = 2;
+/// 3: r(k) and the context term from forwards timed close together ([`measure`]); entries
+/// measured otherwise are measured again.
+const VERSION: u32 = 3;
 
 /// The most entries the cache keeps: every build with other model code, every model file
 /// and setting adds one, and the oldest go first.
@@ -577,6 +615,14 @@ const SIMD_FLAGS: [&str; 7] = [
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_length_measured_at_the_long_context_is_measured_at_the_short_one() {
+        // The context term of a length is its long forward against its short one, timed
+        // just before it.
+        assert!(MEASURED_LONG.iter().all(|k| MEASURED.contains(k)));
+        assert_eq!(MEASURED[0], 1);
+    }
 
     #[test]
     fn interpolation_between_and_beyond_measured_points() {
