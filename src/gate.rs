@@ -170,10 +170,16 @@ impl Calibration {
         (a + PRIOR * self.prior[b]) / (n + PRIOR)
     }
 
-    fn record(&mut self, confidence: Option<f32>, accepted: bool) {
+    /// A position proposed with `confidence` was kept with chance `chance`.
+    fn learn(&mut self, confidence: Option<f32>, chance: f64) {
         let b = bucket(confidence);
         let (n, a) = self.recent[b];
-        self.recent[b] = (n * DECAY + 1.0, a * DECAY + accepted as u8 as f64);
+        self.recent[b] = (n * DECAY + 1.0, a * DECAY + chance);
+    }
+
+    /// A position proposed with `confidence` was reviewed, and kept or not (the report).
+    fn count(&mut self, confidence: Option<f32>, accepted: bool) {
+        let b = bucket(confidence);
         self.total[b].0 += 1;
         self.total[b].1 += accepted as u64;
     }
@@ -298,16 +304,28 @@ impl Adaptive {
     }
 
     /// Learns from a round: `gate`'s positions were reviewed up to the first rejection, and
-    /// the first `accepted` were kept.
-    pub fn learn(&mut self, gate: &Gate, accepted: usize) {
+    /// the first `accepted` were kept; `chances[i]` is position `i`'s chance to be kept given
+    /// the draft before it ([`crate::review::keep_chance`]), for every drafted position.
+    ///
+    /// The estimates learn from the chances of all the positions, those after the first
+    /// rejection too (the reviewer scored them in the same forward). Learning from the
+    /// reviewed positions alone, a drafter whose first positions failed in a new text went on
+    /// with its later positions' estimates from the text before, which it could never revise:
+    /// at T = 0.7, Max-Gram went on drafting 5-9 tokens of copies into summaries that never
+    /// kept one, on what the document-QA answers before them had taught. The report counts
+    /// the reviewed positions and what was kept.
+    pub fn learn(&mut self, gate: &Gate, accepted: usize, chances: &[f64]) {
         let positions = gate.positions();
         let reviewed = positions.len().min(accepted + 1);
+        for (p, &chance) in positions.iter().zip(chances) {
+            self.calibration_mut(&p.source).learn(p.confidence, chance);
+        }
         let mut first_kept: Vec<&Source> = Vec::new();
         for (i, p) in positions[..reviewed].iter().enumerate() {
             let kept = i < accepted;
             let first = i == 0 || positions[i - 1].source != p.source;
             let c = self.calibration_mut(&p.source);
-            c.record(p.confidence, kept);
+            c.count(p.confidence, kept);
             if first {
                 c.first = (1.0 - FIRST_WEIGHT) * c.first + FIRST_WEIGHT * kept as u8 as f64;
                 if kept {
@@ -684,6 +702,14 @@ mod tests {
         }
     }
 
+    /// Each position's chance in a round whose first `accepted` positions were kept, as a
+    /// review of a drafter that is either right or wrong: 1 for those, 0 for the rest.
+    fn outcomes(gate: &Gate, accepted: usize) -> Vec<f64> {
+        (0..gate.positions().len())
+            .map(|i| (i < accepted) as u8 as f64)
+            .collect()
+    }
+
     /// Admits `confidences` from a free drafter until the gate stops it.
     fn admitted(a: &Adaptive, confidences: &[f32]) -> usize {
         let mut gate = Gate::adaptive(a.clone());
@@ -741,7 +767,7 @@ mod tests {
         assert_eq!(p.invested, budget * 0.99);
         assert_eq!(p.seconds, p.invested + 0.05);
         let rate = a.rate;
-        a.learn(&gate, 0);
+        a.learn(&gate, 0, &outcomes(&gate, 0));
         assert!((a.rate - rate).abs() < 1e-9, "{} vs {rate}", a.rate);
     }
 
@@ -762,7 +788,7 @@ mod tests {
             let mut gate = Gate::adaptive(a.clone());
             let n = (0..8).take_while(|_| gate.admit(&mag, Some(0.99))).count();
             assert_eq!(n, 8);
-            a.learn(&gate, n);
+            a.learn(&gate, n, &outcomes(&gate, n));
         }
         assert!(
             !worth(&a),
@@ -792,7 +818,7 @@ mod tests {
         assert!(!worth(&a));
         for _ in 0..60 {
             let gate = Gate::adaptive_at(a.clone(), 0, 5_064);
-            a.learn(&gate, 0);
+            a.learn(&gate, 0, &outcomes(&gate, 0));
         }
         assert!(worth(&a), "after a long text, decoding is slow");
         a.start_sequence();
@@ -823,6 +849,35 @@ mod tests {
     }
 
     #[test]
+    fn positions_after_a_rejection_teach_their_buckets_too() {
+        let mut a = Adaptive::new(verify());
+        let s: Source = "mag".into();
+        // Runs of five: a first position at confidence 0.6, four later ones at 0.95.
+        let run = || {
+            let mut gate = Gate::fixed();
+            assert!(gate.admit(&s, Some(0.6)));
+            (0..4).for_each(|_| assert!(gate.admit(&s, Some(0.95))));
+            gate
+        };
+        let later = |a: &Adaptive| a.calibration("mag").unwrap().estimate(Some(0.95));
+        // A text where every run was kept.
+        for _ in 0..20 {
+            a.learn(&run(), 5, &[1.0; 5]);
+        }
+        assert!(later(&a) > 0.9);
+        // A text where none is: each first position is rejected, and the reviewer's scores of
+        // the positions after it say that they would have been too.
+        for _ in 0..10 {
+            a.learn(&run(), 0, &[0.0; 5]);
+        }
+        assert!(later(&a) < 0.3, "{}", later(&a));
+        // The report counts what the review reached: the later positions of the first text only.
+        let counts = a.calibration("mag").unwrap().buckets();
+        let reviewed: Vec<(u64, u64)> = counts.iter().map(|c| (c.reviewed, c.accepted)).collect();
+        assert_eq!(reviewed, [(30, 20), (80, 80)]);
+    }
+
+    #[test]
     fn learned_acceptance_overrides_the_confidence() {
         let mut a = Adaptive::new(verify());
         let s: Source = "d".into();
@@ -830,7 +885,7 @@ mod tests {
         for _ in 0..20 {
             let mut gate = Gate::fixed();
             assert!(gate.admit(&s, Some(0.99)));
-            a.learn(&gate, 0);
+            a.learn(&gate, 0, &outcomes(&gate, 0));
         }
         assert!(a.calibration("d").unwrap().estimate(Some(0.99)) < 0.2);
         assert_eq!(admitted(&a, &[0.99; 8]), 0);
@@ -859,7 +914,7 @@ mod tests {
                 tried.push(round);
                 gate.admit(&s, Some(0.5));
             }
-            a.learn(&gate, 0);
+            a.learn(&gate, 0, &outcomes(&gate, 0));
         }
         assert!(tried.len() < 12, "tried in rounds {tried:?}");
         assert!(tried.windows(2).any(|w| w[1] - w[0] >= 8), "{tried:?}");
@@ -880,7 +935,7 @@ mod tests {
             let mut gate = Gate::adaptive(a.clone());
             assert!(!gate.worth_drafting(&s, 0.045, 0.045, 16));
             assert!(!gate.worth_catching_up(&s, 0.001, Some((0.045, 0.045)), 16));
-            a.learn(&gate, 0);
+            a.learn(&gate, 0, &outcomes(&gate, 0));
         }
         // At 20 ms a token the same prompt is read, within a tenth of the remaining time.
         let mut gate = Gate::adaptive(a.clone());
@@ -916,7 +971,7 @@ mod tests {
                 paid += 1;
                 assert!(!gate.admit(&s, Some(0.01)));
             }
-            a.learn(&gate, 0);
+            a.learn(&gate, 0, &outcomes(&gate, 0));
         }
         assert!(paid < 10, "paid for {paid} forwards");
         let c = a.calibration("neural").unwrap();
@@ -931,7 +986,7 @@ mod tests {
                 paid.push(round);
                 assert!(gate.admit(&s, Some(0.99)));
             }
-            a.learn(&gate, asked as usize);
+            a.learn(&gate, asked as usize, &outcomes(&gate, asked as usize));
         }
         assert!(
             (180..200).all(|r| paid.contains(&r)),
@@ -953,7 +1008,7 @@ mod tests {
                     }
                     drafted += 1;
                 }
-                a.learn(&gate, drafted);
+                a.learn(&gate, drafted, &outcomes(&gate, drafted));
                 drafted
             })
             .collect()
@@ -987,7 +1042,7 @@ mod tests {
             for _ in 0..5 {
                 assert!(gate.admit(&mag, Some(0.999)));
             }
-            a.learn(&gate, 5);
+            a.learn(&gate, 5, &outcomes(&gate, 5));
         }
         assert!(a.lambda() > 2.5 / verify().seconds(1), "{}", a.lambda());
         assert!(!Gate::adaptive(a.clone()).worth_drafting(&neural, 0.02, 0.02, 8));
@@ -1025,7 +1080,7 @@ mod tests {
         assert!(!ask(&mut gate));
         assert!(gate.admit(&copy, Some(0.99)));
         assert!(!ask(&mut gate));
-        a.learn(&gate, 1);
+        a.learn(&gate, 1, &outcomes(&gate, 1));
         assert_eq!(a.calibration("m").unwrap().waited, 1);
         // The next round it is retried (it waited one round), drafts, and after the copy is
         // asked again: not retried a second time.
@@ -1034,7 +1089,7 @@ mod tests {
         assert!(gate.admit(&model, Some(0.99)));
         assert!(gate.admit(&copy, Some(0.99)));
         assert!(!ask(&mut gate));
-        a.learn(&gate, 0);
+        a.learn(&gate, 0, &outcomes(&gate, 0));
         let c = a.calibration("m").unwrap();
         assert_eq!((c.waited, c.backoff), (0, 2));
     }

@@ -90,6 +90,25 @@ pub fn review(
     }
 }
 
+/// The chance that [`review`] keeps draft token `x`, drawn from `q`, at a position where the
+/// reviewer's logits are `row`, given that the draft before it is kept: `min(1, l p(x) / q(x))`,
+/// or at temperature 0 whether `x` passes the greedy test. What adaptive drafting learns from,
+/// at every drafted position: the positions after a rejection are scored in the same forward.
+pub fn keep_chance(x: u32, q: &Dist, row: &[f32], sampling: &Sampling, lenience: f32) -> f64 {
+    if sampling.is_greedy() {
+        let best = argmax(row);
+        let kept =
+            x == best || (lenience > 1.0 && row[x as usize] >= row[best as usize] - lenience.ln());
+        return kept as u8 as f64;
+    }
+    let (px, qx) = (sampling.distribution(row).prob(x), q.prob(x));
+    if qx > 0.0 {
+        (lenience * px / qx).min(1.0) as f64
+    } else {
+        0.0
+    }
+}
+
 /// The distribution of the token a review emits at a reviewed position, where the proposal
 /// `x ~ q` is kept with probability `min(1, l p(x) / q(x))` and otherwise replaced by a draw
 /// from `r = norm(max(0, p - q))`:
@@ -244,6 +263,29 @@ impl ReviewCounts {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_keep_chance_is_the_reviews_own_test() {
+        let logits = Logits::new(vec![2.0, 1.0, 0.0, 2.0, 1.0, 0.0], 3);
+        let greedy = Sampling::greedy();
+        let chance = |x, q: &Dist, s: &Sampling, l| keep_chance(x, q, logits.row(0), s, l);
+        assert_eq!(chance(0, &Dist::Point(0), &greedy, 1.0), 1.0);
+        assert_eq!(chance(1, &Dist::Point(1), &greedy, 1.0), 0.0);
+        // Lenience 3 keeps a token within ln 3 of the best logit: 1.0 is within 1.0986 of 2.0.
+        assert_eq!(chance(1, &Dist::Point(1), &greedy, 3.0), 1.0);
+        let t1 = Sampling {
+            temperature: 1.0,
+            ..Sampling::greedy()
+        };
+        let p = t1.distribution(logits.row(0));
+        // A point-mass draft is kept with the reviewer's probability of it.
+        assert!((chance(1, &Dist::Point(1), &t1, 1.0) - p.prob(1) as f64).abs() < 1e-6);
+        // A draft from q: min(1, p / q).
+        let q = Dist::Dense(vec![0.2, 0.2, 0.6]);
+        assert_eq!(chance(0, &q, &t1, 1.0), 1.0);
+        let want = (p.prob(2) / 0.6) as f64;
+        assert!((chance(2, &q, &t1, 1.0) - want).abs() < 1e-6);
+    }
     use rand::SeedableRng;
 
     fn logits(rows: &[&[f32]]) -> Logits {

@@ -10,7 +10,7 @@ use crate::draft::{Draft, Drafter, Request};
 use crate::error::{Error, Result};
 use crate::gate::{Adaptive, Gate, Prediction, Priors, Source};
 use crate::model::{Logits, Model, SyncedModel};
-use crate::review::{review, ReviewCounts, Verdict};
+use crate::review::{keep_chance, review, ReviewCounts, Verdict};
 use crate::sampling::{Dist, Rng, Sampling};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -257,7 +257,10 @@ impl Reviewer {
         }
         self.counts.record(draft.len(), verdict.accepted);
         if let Some(a) = &mut self.adaptive {
-            a[self.sampled as usize].learn(&gate, verdict.accepted);
+            let chances: Vec<f64> = (draft.tokens().iter().zip(draft.dists()).enumerate())
+                .map(|(i, (&x, q))| keep_chance(x, q, logits.row(i), sampling, self.lenience))
+                .collect();
+            a[self.sampled as usize].learn(&gate, verdict.accepted, &chances);
         }
         self.model.settle(context.len() + verdict.accepted);
         let mut tokens = draft.tokens()[..verdict.accepted].to_vec();
