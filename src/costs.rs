@@ -168,8 +168,8 @@ pub fn contended(cpu_share: Option<f64>) -> Option<f64> {
 }
 
 /// Measures `models` side by side: every model at every length of [`MEASURED`] after
-/// [`CONTEXT`] tokens, each length of [`MEASURED_LONG`] also after [`LONG_CONTEXT`] right
-/// after it, in each of `reps` repetitions (after a warm-up).
+/// [`CONTEXT`] tokens, each length of [`MEASURED_LONG`] also after [`LONG_CONTEXT`] next to
+/// it, in each of `reps` repetitions (after a warm-up).
 ///
 /// Every figure is a median over the repetitions of what was timed close together: r(k) of
 /// each repetition's own k-token and one-token forwards, the context term of each pair of
@@ -177,8 +177,9 @@ pub fn contended(cpu_share: Option<f64>) -> Option<f64> {
 /// speed can move by a fifth within minutes (a shared cloud machine's did), and the context
 /// term is a millisecond or two on a 20 ms forward: timed in two phases, all the short
 /// forwards and then all the long ones, the 1.5B's came out between -12.6 and 2.9 us per
-/// token of context in four calibrations; paired, between 1.9 and 2.5.
+/// token of context in four calibrations; paired, between 1.9 and 3.2 in six.
 pub fn measure(models: &[Subject], reps: usize) -> Result<Measurement> {
+    assert!(reps > 0, "a measurement takes at least one repetition");
     let (wall, cpu) = (Instant::now(), cpu_seconds());
     let times = forward_times(models, reps)?;
     // More threads than cores cannot all run at once.
@@ -274,11 +275,18 @@ fn forward_times(models: &[Subject], reps: usize) -> Result<Vec<Times>> {
     for rep in 0..=reps {
         for (pair, t) in instances.iter_mut().zip(times.iter_mut()) {
             for (i, &k) in MEASURED.iter().enumerate() {
+                // A pair's two forwards in turns of order, so that whatever favours the second
+                // of two (a warm cache) cancels out of the context term.
+                let j = MEASURED_LONG.iter().position(|&l| l == k);
+                let long_first = rep % 2 == 1;
+                let mut long = None;
+                if let (Some(j), true) = (j, long_first) {
+                    long = Some((j, timed(&mut pair[1], k, LONG_CONTEXT)?));
+                }
                 let short = timed(&mut pair[0], k, CONTEXT)?;
-                let long = match MEASURED_LONG.iter().position(|&l| l == k) {
-                    Some(j) => Some((j, timed(&mut pair[1], k, LONG_CONTEXT)?)),
-                    None => None,
-                };
+                if let (Some(j), false) = (j, long_first) {
+                    long = Some((j, timed(&mut pair[1], k, LONG_CONTEXT)?));
+                }
                 if rep > 0 {
                     // The first round is a warm-up.
                     t.short[i].push(short);

@@ -93,8 +93,9 @@ fn midpoint(b: usize) -> f64 {
 
 /// Weight of a bucket's prior, in reviews.
 pub(crate) const PRIOR: f64 = 2.0;
-/// Per review in a bucket, older reviews count this much less: about the last 12 matter, so
-/// that the estimates follow the text from one task to the next.
+/// Per position learned in a bucket, older ones count this much less: about the last 12
+/// matter, so that the estimates follow the text from one task to the next (a round teaches
+/// every position it drafted, those after the first rejection too).
 const DECAY: f64 = 0.92;
 /// Weight of a round in the recent acceptance of first positions.
 const FIRST_WEIGHT: f64 = 0.2;
@@ -130,7 +131,7 @@ pub fn expected_remaining(generated: usize, remaining: usize) -> usize {
 pub struct Calibration {
     /// What each bucket's estimate starts from.
     prior: Priors,
-    /// Per bucket, recent (decayed) reviews and acceptances: the estimate.
+    /// Per bucket, recent (decayed) positions and their chances to be kept: the estimate.
     recent: [(f64, f64); BUCKETS],
     /// Per bucket, all reviews and acceptances: the report.
     total: [(u64, u64); BUCKETS],
@@ -305,10 +306,11 @@ impl Adaptive {
 
     /// Learns from a round: `gate`'s positions were reviewed up to the first rejection, and
     /// the first `accepted` were kept; `chances[i]` is position `i`'s chance to be kept given
-    /// the draft before it ([`crate::review::keep_chance`]), for every drafted position.
+    /// the draft before it ([`crate::review::keep_chance`], the exact review's, even under an
+    /// experimental review rule), for every drafted position.
     ///
     /// The estimates learn from the chances of all the positions, those after the first
-    /// rejection too (the reviewer scored them in the same forward). Learning from the
+    /// rejection too (the reviewer scores them in the same forward). Learning from the
     /// reviewed positions alone, a drafter whose first positions failed in a new text went on
     /// with its later positions' estimates from the text before, which it could never revise:
     /// at T = 0.7, Max-Gram went on drafting 5-9 tokens of copies into summaries that never
@@ -317,6 +319,7 @@ impl Adaptive {
     pub fn learn(&mut self, gate: &Gate, accepted: usize, chances: &[f64]) {
         let positions = gate.positions();
         let reviewed = positions.len().min(accepted + 1);
+        debug_assert_eq!(chances.len(), positions.len());
         for (p, &chance) in positions.iter().zip(chances) {
             self.calibration_mut(&p.source).learn(p.confidence, chance);
         }

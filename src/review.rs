@@ -49,9 +49,7 @@ pub fn review(
         let row = logits.row(i);
         if sampling.is_greedy() {
             // Deterministic: each emitted token is a point mass given its prefix.
-            let best = argmax(row);
-            let kept = x == best
-                || (lenience > 1.0 && row[x as usize] >= row[best as usize] - lenience.ln());
+            let (kept, best) = greedy_keeps(x, row, lenience);
             let token = if kept { x } else { best };
             if let Some(e) = emitted.as_deref_mut() {
                 e.push(Dist::Point(token));
@@ -90,22 +88,36 @@ pub fn review(
     }
 }
 
+/// The greedy review's test of draft token `x` at a position whose logits are `row`: kept if
+/// it is the argmax, or with lenience `l > 1` within `ln l` of it; and the argmax.
+fn greedy_keeps(x: u32, row: &[f32], lenience: f32) -> (bool, u32) {
+    let best = argmax(row);
+    let kept =
+        x == best || (lenience > 1.0 && row[x as usize] >= row[best as usize] - lenience.ln());
+    (kept, best)
+}
+
 /// The chance that [`review`] keeps draft token `x`, drawn from `q`, at a position where the
 /// reviewer's logits are `row`, given that the draft before it is kept: `min(1, l p(x) / q(x))`,
-/// or at temperature 0 whether `x` passes the greedy test. What adaptive drafting learns from,
-/// at every drafted position: the positions after a rejection are scored in the same forward.
+/// or at temperature 0 whether `x` passes the greedy test (a NaN keeps nothing, as in the
+/// review). What adaptive drafting learns from, at every drafted position: the reviewer
+/// scores the positions after a rejection in the same forward.
 pub fn keep_chance(x: u32, q: &Dist, row: &[f32], sampling: &Sampling, lenience: f32) -> f64 {
     if sampling.is_greedy() {
-        let best = argmax(row);
-        let kept =
-            x == best || (lenience > 1.0 && row[x as usize] >= row[best as usize] - lenience.ln());
-        return kept as u8 as f64;
+        return greedy_keeps(x, row, lenience).0 as u8 as f64;
     }
     let (px, qx) = (sampling.distribution(row).prob(x), q.prob(x));
-    if qx > 0.0 {
-        (lenience * px / qx).min(1.0) as f64
+    // As the review's `u q(x) < l p(x)`: with q(x) = 0 (which the drafter contract refuses),
+    // kept whenever p(x) > 0.
+    let chance = if qx > 0.0 {
+        lenience * px / qx
     } else {
+        (px > 0.0) as u8 as f32
+    };
+    if chance.is_nan() {
         0.0
+    } else {
+        chance.min(1.0) as f64
     }
 }
 
@@ -285,6 +297,9 @@ mod tests {
         assert_eq!(chance(0, &q, &t1, 1.0), 1.0);
         let want = (p.prob(2) / 0.6) as f64;
         assert!((chance(2, &q, &t1, 1.0) - want).abs() < 1e-6);
+        // A NaN keeps nothing, as the review rejects it.
+        let nan = Logits::new(vec![f32::NAN; 3], 3);
+        assert_eq!(keep_chance(0, &q, nan.row(0), &t1, 1.0), 0.0);
     }
     use rand::SeedableRng;
 

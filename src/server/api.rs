@@ -220,15 +220,14 @@ pub fn refuse_unsupported(body: &Value) -> Result<(), ApiError> {
     }
 }
 
-/// Top-level fields of `body` this server neither reads nor refuses, nor knows as OpenAI
-/// fields that change nothing here (`model`, `user`, `metadata`, ...): most likely a typo
-/// (`temprature`), which would otherwise leave the config's value in place unnoticed. The
-/// request still runs, as OpenAI clients send fields newer than this list; the server logs
-/// them.
-pub fn unknown_fields(body: &Value) -> Vec<&str> {
-    const READ: [&str; 13] = [
-        "messages",
-        "prompt",
+/// Top-level fields of `body` that the endpoint neither reads nor refuses, nor knows as
+/// OpenAI fields that change nothing here (`model`, `user`, `metadata`, ...): most likely a
+/// typo (`temprature`), which would otherwise leave the config's value in place unnoticed.
+/// `text_field` is the endpoint's own (`messages` or `prompt`: the other one is unknown to
+/// it). The request still runs, as OpenAI clients send fields newer than this list; the server
+/// logs them.
+pub fn unknown_fields<'a>(body: &'a Value, text_field: &str) -> Vec<&'a str> {
+    const READ: [&str; 11] = [
         "max_tokens",
         "max_completion_tokens",
         "temperature",
@@ -241,7 +240,7 @@ pub fn unknown_fields(body: &Value) -> Vec<&str> {
         "stream_options",
         "prediction",
     ];
-    const NO_EFFECT: [&str; 14] = [
+    const NO_EFFECT: [&str; 11] = [
         "model",
         "user",
         "metadata",
@@ -250,16 +249,14 @@ pub fn unknown_fields(body: &Value) -> Vec<&str> {
         "parallel_tool_calls",
         "tool_choice",
         "function_call",
-        "modalities",
         "reasoning_effort",
-        "verbosity",
         "prompt_cache_key",
         "safety_identifier",
-        "web_search_options",
     ];
     body.as_object().map_or_else(Vec::new, |o| {
         o.keys()
             .map(String::as_str)
+            .filter(|&k| k != text_field)
             .filter(|k| {
                 ![&READ[..], &NO_EFFECT, &UNSUPPORTED]
                     .iter()
@@ -267,6 +264,23 @@ pub fn unknown_fields(body: &Value) -> Vec<&str> {
             })
             .collect()
     })
+}
+
+/// The log line naming a request's [`unknown_fields`]: quoted and escaped (a client's field
+/// name could hold a line break), at most 8 of them, each cut to 64 characters.
+pub fn unknown_fields_warning(fields: &[&str]) -> String {
+    let mut names: Vec<String> = fields
+        .iter()
+        .take(8)
+        .map(|f| format!("{:?}", f.chars().take(64).collect::<String>()))
+        .collect();
+    if fields.len() > 8 {
+        names.push(format!("and {} more", fields.len() - 8));
+    }
+    format!(
+        "a request's fields unknown to this server were ignored: {}",
+        names.join(", ")
+    )
 }
 
 /// The checked settings of one request.
@@ -658,10 +672,20 @@ mod tests {
     fn only_fields_unknown_to_the_server_are_named_as_ignored() {
         let body = serde_json::json!({"model": "x", "messages": [], "temprature": 0.2,
             "user": "u", "logprobs": false, "stream": true, "top-p": 0.5});
-        let mut unknown = unknown_fields(&body);
+        let mut unknown = unknown_fields(&body, "messages");
         unknown.sort();
         assert_eq!(unknown, ["temprature", "top-p"]);
-        assert!(unknown_fields(&serde_json::json!({"prompt": "x", "n": 2})).is_empty());
+        let completion = serde_json::json!({"prompt": "x", "n": 2});
+        assert!(unknown_fields(&completion, "prompt").is_empty());
+        // A chat's `prompt` is not read: unknown to that endpoint.
+        assert_eq!(unknown_fields(&completion, "messages"), ["prompt"]);
+        assert_eq!(
+            unknown_fields_warning(&["temprature", "a\nb"]),
+            r#"a request's fields unknown to this server were ignored: "temprature", "a\nb""#
+        );
+        let many: Vec<String> = (0..10).map(|i| format!("f{i}")).collect();
+        let many: Vec<&str> = many.iter().map(String::as_str).collect();
+        assert!(unknown_fields_warning(&many).ends_with(r#""f7", and 2 more"#));
     }
 
     #[test]

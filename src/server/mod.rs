@@ -354,13 +354,6 @@ async fn handle(app: Arc<App>, endpoint: Endpoint, body: Body) -> Response {
 fn check(app: &App, endpoint: Endpoint, body: Body) -> std::result::Result<Checked, ApiError> {
     let body = read(body)?;
     api::refuse_unsupported(&body)?;
-    let unknown = api::unknown_fields(&body);
-    if !unknown.is_empty() {
-        eprintln!(
-            "cascade: warning: a request's fields unknown to this server were ignored: {}",
-            unknown.join(", ")
-        );
-    }
     let (text, settings, field) = match endpoint {
         Endpoint::Chat => {
             let req: api::ChatRequest = api::parse(&body)?;
@@ -407,6 +400,14 @@ fn check(app: &App, endpoint: Endpoint, body: Body) -> std::result::Result<Check
         ),
         None => None,
     };
+    // Named once the request is known to run.
+    let unknown = api::unknown_fields(&body, field);
+    if !unknown.is_empty() {
+        eprintln!(
+            "cascade: warning: {}",
+            api::unknown_fields_warning(&unknown)
+        );
+    }
     Ok(Checked {
         prompt,
         prediction,
