@@ -266,6 +266,21 @@ pub fn unknown_fields<'a>(body: &'a Value, text_field: &str) -> Vec<&'a str> {
     })
 }
 
+/// The unknown field names a server has logged: each is named once (a client that sends the
+/// same odd field with every request would otherwise fill the log), the first 1,024 names.
+#[derive(Default)]
+pub struct UnknownFields(std::collections::HashSet<String>);
+
+impl UnknownFields {
+    /// Those of `fields` not logged before, now counted as logged.
+    pub fn first_seen<'a>(&mut self, fields: Vec<&'a str>) -> Vec<&'a str> {
+        fields
+            .into_iter()
+            .filter(|f| self.0.len() < 1024 && self.0.insert(f.to_string()))
+            .collect()
+    }
+}
+
 /// The log line naming a request's [`unknown_fields`]: quoted and escaped (a client's field
 /// name could hold a line break), at most 8 of them, each cut to 64 characters.
 pub fn unknown_fields_warning(fields: &[&str]) -> String {
@@ -683,6 +698,17 @@ mod tests {
             unknown_fields_warning(&["temprature", "a\nb"]),
             r#"a request's fields unknown to this server were ignored: "temprature", "a\nb""#
         );
+        // Each name is logged once.
+        let mut logged = UnknownFields::default();
+        assert_eq!(
+            logged.first_seen(vec!["temprature", "top-p"]),
+            ["temprature", "top-p"]
+        );
+        assert_eq!(
+            logged.first_seen(vec!["top-p", "tempreature"]),
+            ["tempreature"]
+        );
+        assert!(logged.first_seen(vec!["temprature"]).is_empty());
         let many: Vec<String> = (0..10).map(|i| format!("f{i}")).collect();
         let many: Vec<&str> = many.iter().map(String::as_str).collect();
         assert!(unknown_fields_warning(&many).ends_with(r#""f7", and 2 more"#));

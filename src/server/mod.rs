@@ -137,6 +137,8 @@ struct App {
     /// is fair), so requests reach the queue in that order and a burst of long prompts does
     /// not take every core from the engine.
     checking: tokio::sync::Semaphore,
+    /// Unknown request fields already named in the log ([`api::UnknownFields`]).
+    unknown: std::sync::Mutex<api::UnknownFields>,
 }
 
 /// A listener on `host:port` (port 0: any free port), for [`ServeOptions::listener`].
@@ -173,6 +175,7 @@ pub fn serve(
         metrics: metrics.clone(),
         next_id: AtomicU64::new(1),
         checking: tokio::sync::Semaphore::new(1),
+        unknown: Default::default(),
     });
     let engine_thread = {
         let (metrics, abort) = (metrics.clone(), abort.clone());
@@ -400,13 +403,14 @@ fn check(app: &App, endpoint: Endpoint, body: Body) -> std::result::Result<Check
         ),
         None => None,
     };
-    // Named once the request is known to run.
+    // Named once the request is known to run, and each name once.
     let unknown = api::unknown_fields(&body, field);
     if !unknown.is_empty() {
-        eprintln!(
-            "cascade: warning: {}",
-            api::unknown_fields_warning(&unknown)
-        );
+        let mut logged = app.unknown.lock().unwrap_or_else(|e| e.into_inner());
+        let new = logged.first_seen(unknown);
+        if !new.is_empty() {
+            eprintln!("cascade: warning: {}", api::unknown_fields_warning(&new));
+        }
     }
     Ok(Checked {
         prompt,
