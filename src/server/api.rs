@@ -220,26 +220,12 @@ pub fn refuse_unsupported(body: &Value) -> Result<(), ApiError> {
     }
 }
 
-/// Top-level fields of `body` that the endpoint neither reads nor refuses, nor knows as
-/// OpenAI fields that change nothing here (`model`, `user`, `metadata`, ...): most likely a
-/// typo (`temprature`), which would otherwise leave the config's value in place unnoticed.
-/// `text_field` is the endpoint's own (`messages` or `prompt`: the other one is unknown to
-/// it). The request still runs, as OpenAI clients send fields newer than this list; the server
-/// logs them.
-pub fn unknown_fields<'a>(body: &'a Value, text_field: &str) -> Vec<&'a str> {
-    const READ: [&str; 11] = [
-        "max_tokens",
-        "max_completion_tokens",
-        "temperature",
-        "top_p",
-        "top_k",
-        "seed",
-        "stop",
-        "n",
-        "stream",
-        "stream_options",
-        "prediction",
-    ];
+/// Top-level fields of `body` that the endpoint's request `R` and [`Common`] do not read,
+/// and that are neither refused ([`refuse_unsupported`]) nor OpenAI fields known to change
+/// nothing here (`model`, `user`, `metadata`, ...): most likely a typo (`temprature`), which
+/// would otherwise leave the config's value in place unnoticed. The request still runs, as
+/// OpenAI clients send fields newer than this list; the server logs them.
+pub fn unknown_fields<R: serde::de::DeserializeOwned>(body: &Value) -> Vec<&str> {
     const NO_EFFECT: [&str; 11] = [
         "model",
         "user",
@@ -253,17 +239,38 @@ pub fn unknown_fields<'a>(body: &'a Value, text_field: &str) -> Vec<&'a str> {
         "prompt_cache_key",
         "safety_identifier",
     ];
+    let (request, common) = (unread::<R>(body), unread::<Common>(body));
     body.as_object().map_or_else(Vec::new, |o| {
         o.keys()
             .map(String::as_str)
-            .filter(|&k| k != text_field)
-            .filter(|k| {
-                ![&READ[..], &NO_EFFECT, &UNSUPPORTED]
-                    .iter()
-                    .any(|l| l.contains(k))
-            })
+            .filter(|&k| request.contains(k) && common.contains(k))
+            .filter(|k| !NO_EFFECT.contains(k) && !UNSUPPORTED.contains(k))
             .collect()
     })
+}
+
+/// The top-level fields of `body` that `T` skips when it reads the body (all of them if it
+/// cannot: the request is then refused before its fields are named).
+fn unread<T: serde::de::DeserializeOwned>(body: &Value) -> std::collections::HashSet<String> {
+    let mut unread = std::collections::HashSet::new();
+    let read = serde_ignored::deserialize::<_, _, T>(body, |path| {
+        if let serde_ignored::Path::Map {
+            parent: serde_ignored::Path::Root,
+            key,
+        } = path
+        {
+            unread.insert(key);
+        }
+    });
+    match read {
+        Ok(_) => unread,
+        Err(_) => body
+            .as_object()
+            .into_iter()
+            .flatten()
+            .map(|(k, _)| k.clone())
+            .collect(),
+    }
 }
 
 /// The unknown field names a server has logged: each is named once (a client that sends the
@@ -687,13 +694,20 @@ mod tests {
     fn only_fields_unknown_to_the_server_are_named_as_ignored() {
         let body = serde_json::json!({"model": "x", "messages": [], "temprature": 0.2,
             "user": "u", "logprobs": false, "stream": true, "top-p": 0.5});
-        let mut unknown = unknown_fields(&body, "messages");
+        let mut unknown = unknown_fields::<ChatRequest>(&body);
         unknown.sort();
         assert_eq!(unknown, ["temprature", "top-p"]);
-        let completion = serde_json::json!({"prompt": "x", "n": 2});
-        assert!(unknown_fields(&completion, "prompt").is_empty());
+        // Every field the endpoints read is known: a field added to a request struct needs
+        // no list kept beside it.
+        let every = serde_json::json!({"prompt": "x", "max_tokens": 1,
+            "max_completion_tokens": 1, "temperature": 0.5, "top_p": 0.9, "top_k": 4,
+            "seed": 1, "stop": "x", "n": 2, "stream": true,
+            "stream_options": {"include_usage": true},
+            "prediction": {"type": "content", "content": "x"}});
+        assert!(unknown_fields::<CompletionRequest>(&every).is_empty());
         // A chat's `prompt` is not read: unknown to that endpoint.
-        assert_eq!(unknown_fields(&completion, "messages"), ["prompt"]);
+        let completion = serde_json::json!({"prompt": "x", "messages": []});
+        assert_eq!(unknown_fields::<ChatRequest>(&completion), ["prompt"]);
         assert_eq!(
             unknown_fields_warning(&["temprature", "a\nb"]),
             r#"a request's fields unknown to this server were ignored: "temprature", "a\nb""#

@@ -357,7 +357,7 @@ async fn handle(app: Arc<App>, endpoint: Endpoint, body: Body) -> Response {
 fn check(app: &App, endpoint: Endpoint, body: Body) -> std::result::Result<Checked, ApiError> {
     let body = read(body)?;
     api::refuse_unsupported(&body)?;
-    let (text, settings, field) = match endpoint {
+    let (text, settings, field, unknown) = match endpoint {
         Endpoint::Chat => {
             let req: api::ChatRequest = api::parse(&body)?;
             let settings = api::parse::<api::Common>(&body)?.settings()?;
@@ -374,12 +374,14 @@ fn check(app: &App, endpoint: Endpoint, body: Body) -> std::result::Result<Check
                 .collect();
             let text = crate::chat::render(&app.tokenizer, &turns)
                 .map_err(|e| ApiError::invalid("messages", e.to_string()))?;
-            (text, settings, "messages")
+            let unknown = api::unknown_fields::<api::ChatRequest>(&body);
+            (text, settings, "messages", unknown)
         }
         Endpoint::Completions => {
             let req: api::CompletionRequest = api::parse(&body)?;
             let settings = api::parse::<api::Common>(&body)?.settings()?;
-            (req.prompt()?, settings, "prompt")
+            let unknown = api::unknown_fields::<api::CompletionRequest>(&body);
+            (req.prompt()?, settings, "prompt", unknown)
         }
     };
     let prompt = app
@@ -404,7 +406,6 @@ fn check(app: &App, endpoint: Endpoint, body: Body) -> std::result::Result<Check
         None => None,
     };
     // Named once the request is known to run, and each name once.
-    let unknown = api::unknown_fields(&body, field);
     if !unknown.is_empty() {
         let mut logged = app.unknown.lock().unwrap_or_else(|e| e.into_inner());
         let new = logged.first_seen(unknown);
