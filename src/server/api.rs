@@ -224,7 +224,7 @@ pub fn refuse_unsupported(body: &Value) -> Result<(), ApiError> {
 /// and that are neither refused ([`refuse_unsupported`]) nor OpenAI fields known to change
 /// nothing here (`model`, `user`, `metadata`, ...): most likely a typo (`temprature`), which
 /// would otherwise leave the config's value in place unnoticed. The request still runs, as
-/// OpenAI clients send fields newer than this list; the server logs them.
+/// OpenAI clients send fields newer than this server; the server logs them.
 pub fn unknown_fields<R: serde::de::DeserializeOwned>(body: &Value) -> Vec<&str> {
     const NO_EFFECT: [&str; 11] = [
         "model",
@@ -692,8 +692,10 @@ mod tests {
 
     #[test]
     fn only_fields_unknown_to_the_server_are_named_as_ignored() {
+        // Only top-level fields count: `stream` is read, though `stream_options.stream` is not.
         let body = serde_json::json!({"model": "x", "messages": [], "temprature": 0.2,
-            "user": "u", "logprobs": false, "stream": true, "top-p": 0.5});
+            "user": "u", "logprobs": false, "stream": true, "top-p": 0.5,
+            "stream_options": {"include_usage": true, "stream": 1}});
         let mut unknown = unknown_fields::<ChatRequest>(&body);
         unknown.sort();
         assert_eq!(unknown, ["temprature", "top-p"]);
