@@ -380,6 +380,8 @@ pub struct Prediction {
     pub invested: f64,
     /// Seconds of a plain decode step at the round's context.
     pub decode_seconds: f64,
+    /// Of the seconds, the drafters' forward passes (catch-ups excluded).
+    pub drafting: f64,
 }
 
 /// The gate of one round.
@@ -687,6 +689,7 @@ impl Gate {
             tokens: p.expected,
             seconds: p.invested + p.drafting + p.verify(self.positions.len()),
             invested: p.invested,
+            drafting: p.drafting,
             decode_seconds: p.adaptive.verify.seconds_at(1, p.context),
         })
     }

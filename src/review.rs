@@ -62,7 +62,7 @@ pub fn review(
             }
             continue;
         }
-        let p = sampling.distribution(row);
+        let p = logits.distribution(i, sampling);
         if let Some(e) = emitted.as_deref_mut() {
             e.push(emitted_distribution(&p, qi, lenience));
         }
@@ -77,10 +77,10 @@ pub fn review(
             };
         }
     }
-    let bonus = sampling.distribution(logits.row(draft.len()));
+    let bonus = logits.distribution(draft.len(), sampling);
     let next = bonus.sample(rng);
     if let Some(e) = emitted {
-        e.push(bonus);
+        e.push(bonus.into_owned());
     }
     Verdict {
         accepted: draft.len(),
@@ -97,16 +97,22 @@ fn greedy_keeps(x: u32, row: &[f32], lenience: f32) -> (bool, u32) {
     (kept, best)
 }
 
-/// The chance that [`review`] keeps draft token `x`, drawn from `q`, at a position where the
-/// reviewer's logits are `row`, given that the draft before it is kept: `min(1, l p(x) / q(x))`,
+/// The chance that [`review`] keeps draft token `x`, drawn from `q`, at the position whose
+/// logits are `logits`' row `i`, given that the draft before it is kept: `min(1, l p(x) / q(x))`,
 /// or at temperature 0 whether `x` passes the greedy test (a NaN keeps nothing, as in the
 /// review). What adaptive drafting learns from, at every drafted position: the reviewer
 /// scores the positions after a rejection in the same forward.
-pub fn keep_chance(x: u32, q: &Dist, row: &[f32], sampling: &Sampling, lenience: f32) -> f64 {
+pub fn keep_chance(
+    x: u32,
+    q: &Dist,
+    (logits, i): (&Logits, usize),
+    sampling: &Sampling,
+    lenience: f32,
+) -> f64 {
     if sampling.is_greedy() {
-        return greedy_keeps(x, row, lenience).0 as u8 as f64;
+        return greedy_keeps(x, logits.row(i), lenience).0 as u8 as f64;
     }
-    let (px, qx) = (sampling.distribution(row).prob(x), q.prob(x));
+    let (px, qx) = (logits.distribution(i, sampling).prob(x), q.prob(x));
     // As the review's `u q(x) < l p(x)`: with q(x) = 0 (which the drafter contract refuses),
     // kept whenever p(x) > 0.
     let chance = if qx > 0.0 {
@@ -280,7 +286,7 @@ mod tests {
     fn the_keep_chance_is_the_reviews_own_test() {
         let logits = Logits::new(vec![2.0, 1.0, 0.0, 2.0, 1.0, 0.0], 3);
         let greedy = Sampling::greedy();
-        let chance = |x, q: &Dist, s: &Sampling, l| keep_chance(x, q, logits.row(0), s, l);
+        let chance = |x, q: &Dist, s: &Sampling, l| keep_chance(x, q, (&logits, 0), s, l);
         assert_eq!(chance(0, &Dist::Point(0), &greedy, 1.0), 1.0);
         assert_eq!(chance(1, &Dist::Point(1), &greedy, 1.0), 0.0);
         // Lenience 3 keeps a token within ln 3 of the best logit: 1.0 is within 1.0986 of 2.0.
@@ -299,7 +305,7 @@ mod tests {
         assert!((chance(2, &q, &t1, 1.0) - want).abs() < 1e-6);
         // A NaN keeps nothing, as the review rejects it.
         let nan = Logits::new(vec![f32::NAN; 3], 3);
-        assert_eq!(keep_chance(0, &q, nan.row(0), &t1, 1.0), 0.0);
+        assert_eq!(keep_chance(0, &q, (&nan, 0), &t1, 1.0), 0.0);
     }
     use rand::SeedableRng;
 

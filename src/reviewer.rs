@@ -14,6 +14,7 @@ use crate::review::{keep_chance, review, ReviewCounts, Verdict};
 use crate::sampling::{Dist, Rng, Sampling};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::time::Instant;
 
 /// A review rule: given the draft, its distributions `q`, the reviewer's logits for every
 /// draft position and the one after, the sampling settings and a lenience, decides how many
@@ -211,6 +212,7 @@ impl Reviewer {
             Some(a) => Gate::adaptive_at(a.clone(), self.model.behind(context), context.len()),
             None => Gate::fixed(),
         };
+        let started = Instant::now();
         let draft = match drafter {
             Some(d) if k > 0 => {
                 let source: Source = d.name().into();
@@ -229,7 +231,19 @@ impl Reviewer {
             }
             _ => Draft::new(),
         };
+        let drafted = Instant::now();
         let logits = self.model.score(context, draft.tokens())?;
+        if let Some(p) = gate.prediction().filter(|_| crate::engine::trace()) {
+            // Which of the cost model's two terms a round's error comes from.
+            let ms = |s: f64| s * 1e3;
+            eprintln!(
+                "  drafting took {:.1} ms (predicted {:.1}), scoring {:.1} ms (predicted {:.1})",
+                ms((drafted - started).as_secs_f64()),
+                ms(p.drafting + p.invested),
+                ms(drafted.elapsed().as_secs_f64()),
+                ms(p.seconds - p.drafting - p.invested)
+            );
+        }
         let mut dists = Vec::new();
         let verdict = (self.rule)(
             draft.tokens(),
@@ -258,7 +272,7 @@ impl Reviewer {
         self.counts.record(draft.len(), verdict.accepted);
         if let Some(a) = &mut self.adaptive {
             let chances: Vec<f64> = (draft.tokens().iter().zip(draft.dists()).enumerate())
-                .map(|(i, (&x, q))| keep_chance(x, q, logits.row(i), sampling, self.lenience))
+                .map(|(i, (&x, q))| keep_chance(x, q, (&logits, i), sampling, self.lenience))
                 .collect();
             a[self.sampled as usize].learn(&gate, verdict.accepted, &chances);
         }
