@@ -5,7 +5,7 @@
 use cascade::model::Logits;
 use cascade::review::review;
 use cascade::sampling::{Dist, Sampling};
-use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
+use criterion::{criterion_group, criterion_main, BatchSize, BenchmarkId, Criterion};
 use rand::SeedableRng;
 use std::hint::black_box;
 
@@ -24,9 +24,26 @@ fn logits(rows: usize) -> Logits {
     Logits::new(data, VOCAB)
 }
 
+/// A row shaped like a language model's: a few likely tokens and a long tail (token `i` of
+/// the ranking at `-1.3 ln(i + 1)`, the ranking shuffled over the ids).
+fn long_tail() -> Vec<f32> {
+    (0..VOCAB)
+        .map(|i| -1.3 * (((i * 7919) % VOCAB + 1) as f32).ln())
+        .collect()
+}
+
 fn sampling(c: &mut Criterion) {
     let row = logits(1);
+    let tail = long_tail();
     let mut group = c.benchmark_group("distribution");
+    let t1_topp = Sampling {
+        temperature: 1.0,
+        top_k: 0,
+        top_p: 0.95,
+    };
+    group.bench_function("t1_topp0.95_long_tail", |b| {
+        b.iter(|| black_box(t1_topp.distribution(&tail)))
+    });
     for (label, s) in [
         ("greedy", Sampling::greedy()),
         (
@@ -74,8 +91,13 @@ fn verify(c: &mut Criterion) {
             .collect();
         let q: Vec<Dist> = draft.iter().map(|&t| Dist::Point(t)).collect();
         let mut rng = cascade::sampling::Rng::seed_from_u64(0);
+        // Fresh logits each time: they keep the distributions a review computes.
         group.bench_with_input(BenchmarkId::new("t0.7_topp0.9", k), &k, |b, _| {
-            b.iter(|| black_box(review(&draft, &q, &l, &s, 1.0, &mut rng, None)))
+            b.iter_batched(
+                || Logits::new(l.values().to_vec(), VOCAB),
+                |l| black_box(review(&draft, &q, &l, &s, 1.0, &mut rng, None)),
+                BatchSize::LargeInput,
+            )
         });
     }
     group.finish();
