@@ -6,6 +6,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 use serde_json::{json, Value};
+use std::collections::HashSet;
 
 /// An error answered as `{"error": {"message", "type", "param", "code"}}`.
 #[derive(Debug)]
@@ -114,7 +115,7 @@ pub struct StreamOptions {
 
 /// The fields both endpoints share; unknown fields are ignored, as OpenAI clients send
 /// many this server has no use for (`model` among them: one server serves one model set),
-/// and logged if not known to change nothing ([`unknown_fields`]).
+/// and logged if not known to change nothing ([`read`]).
 #[derive(Deserialize)]
 pub struct Common {
     pub max_tokens: Option<u64>,
@@ -155,10 +156,21 @@ pub fn body(bytes: &[u8]) -> Result<Value, ApiError> {
     }
 }
 
-/// Reads the fields `T` knows from a body (others are ignored); a missing field or one of
-/// the wrong type is named by its path.
-pub fn parse<T: serde::de::DeserializeOwned>(body: &Value) -> Result<T, ApiError> {
-    serde_path_to_error::deserialize(body).map_err(|e| {
+/// Reads the fields `T` knows from a body, with the top-level fields it skipped; a missing
+/// field or one of the wrong type is named by its path.
+fn parse<T: serde::de::DeserializeOwned>(body: &Value) -> Result<(T, HashSet<String>), ApiError> {
+    let mut skipped = HashSet::new();
+    let mut note = |path: serde_ignored::Path| {
+        if let serde_ignored::Path::Map {
+            parent: serde_ignored::Path::Root,
+            key,
+        } = path
+        {
+            skipped.insert(key);
+        }
+    };
+    let tracked = serde_ignored::Deserializer::new(body, &mut note);
+    let read = serde_path_to_error::deserialize(tracked).map_err(|e| {
         let path = e.path().to_string();
         let inner = e.into_inner().to_string();
         match path.as_str() {
@@ -174,7 +186,42 @@ pub fn parse<T: serde::de::DeserializeOwned>(body: &Value) -> Result<T, ApiError
             }
             _ => ApiError::invalid(&path, inner),
         }
-    })
+    })?;
+    Ok((read, skipped))
+}
+
+/// Reads a request body: the endpoint's fields `R`, the [`Common`] ones, and the top-level
+/// fields neither reads that are neither refused ([`refuse_unsupported`]) nor OpenAI fields
+/// known to change nothing here (`model`, `user`, `metadata`, ...): most likely a typo
+/// (`temprature`), which would otherwise leave the config's value in place unnoticed. The
+/// request still runs with those, as OpenAI clients send fields newer than this server; the
+/// server logs them.
+pub fn read<R: serde::de::DeserializeOwned>(
+    body: &Value,
+) -> Result<(R, Common, Vec<&str>), ApiError> {
+    const NO_EFFECT: [&str; 11] = [
+        "model",
+        "user",
+        "metadata",
+        "store",
+        "service_tier",
+        "parallel_tool_calls",
+        "tool_choice",
+        "function_call",
+        "reasoning_effort",
+        "prompt_cache_key",
+        "safety_identifier",
+    ];
+    let (request, skipped) = parse::<R>(body)?;
+    let (common, skipped_too) = parse::<Common>(body)?;
+    let unknown = body.as_object().map_or_else(Vec::new, |o| {
+        o.keys()
+            .map(String::as_str)
+            .filter(|&k| skipped.contains(k) && skipped_too.contains(k))
+            .filter(|k| !NO_EFFECT.contains(k) && !UNSUPPORTED.contains(k))
+            .collect()
+    });
+    Ok((request, common, unknown))
 }
 
 /// OpenAI fields this server does not implement ([`refuse_unsupported`]).
@@ -220,59 +267,6 @@ pub fn refuse_unsupported(body: &Value) -> Result<(), ApiError> {
     }
 }
 
-/// Top-level fields of `body` that the endpoint's request `R` and [`Common`] do not read,
-/// and that are neither refused ([`refuse_unsupported`]) nor OpenAI fields known to change
-/// nothing here (`model`, `user`, `metadata`, ...): most likely a typo (`temprature`), which
-/// would otherwise leave the config's value in place unnoticed. The request still runs, as
-/// OpenAI clients send fields newer than this server; the server logs them.
-pub fn unknown_fields<R: serde::de::DeserializeOwned>(body: &Value) -> Vec<&str> {
-    const NO_EFFECT: [&str; 11] = [
-        "model",
-        "user",
-        "metadata",
-        "store",
-        "service_tier",
-        "parallel_tool_calls",
-        "tool_choice",
-        "function_call",
-        "reasoning_effort",
-        "prompt_cache_key",
-        "safety_identifier",
-    ];
-    let (request, common) = (unread::<R>(body), unread::<Common>(body));
-    body.as_object().map_or_else(Vec::new, |o| {
-        o.keys()
-            .map(String::as_str)
-            .filter(|&k| request.contains(k) && common.contains(k))
-            .filter(|k| !NO_EFFECT.contains(k) && !UNSUPPORTED.contains(k))
-            .collect()
-    })
-}
-
-/// The top-level fields of `body` that `T` skips when it reads the body (all of them if it
-/// cannot: the request is then refused before its fields are named).
-fn unread<T: serde::de::DeserializeOwned>(body: &Value) -> std::collections::HashSet<String> {
-    let mut unread = std::collections::HashSet::new();
-    let read = serde_ignored::deserialize::<_, _, T>(body, |path| {
-        if let serde_ignored::Path::Map {
-            parent: serde_ignored::Path::Root,
-            key,
-        } = path
-        {
-            unread.insert(key);
-        }
-    });
-    match read {
-        Ok(_) => unread,
-        Err(_) => body
-            .as_object()
-            .into_iter()
-            .flatten()
-            .map(|(k, _)| k.clone())
-            .collect(),
-    }
-}
-
 /// The unknown field names a server has logged: each is named once (a client that sends the
 /// same odd field with every request would otherwise fill the log), the first 1,024 names.
 #[derive(Default)]
@@ -288,7 +282,7 @@ impl UnknownFields {
     }
 }
 
-/// The log line naming a request's [`unknown_fields`]: quoted and escaped (a client's field
+/// The log line naming a request's unknown fields ([`read`]): quoted and escaped (a client's field
 /// name could hold a line break), at most 8 of them, each cut to 64 characters.
 pub fn unknown_fields_warning(fields: &[&str]) -> String {
     let mut names: Vec<String> = fields
@@ -567,7 +561,7 @@ mod tests {
     #[test]
     fn a_missing_or_mistyped_field_is_the_errors_param() {
         let error = |body: &str| {
-            parse::<ChatRequest>(&serde_json::from_str(body).unwrap())
+            read::<ChatRequest>(&serde_json::from_str(body).unwrap())
                 .err()
                 .unwrap()
         };
@@ -612,7 +606,7 @@ mod tests {
     #[test]
     fn a_prompt_list_is_refused_with_what_is_accepted() {
         let body = serde_json::json!({"prompt": ["a", "b"]});
-        let e = parse::<CompletionRequest>(&body).err().unwrap();
+        let e = read::<CompletionRequest>(&body).err().unwrap();
         assert_eq!(e.status, StatusCode::BAD_REQUEST);
         assert_eq!(
             e.message,
@@ -696,9 +690,15 @@ mod tests {
         let body = serde_json::json!({"model": "x", "messages": [], "temprature": 0.2,
             "user": "u", "logprobs": false, "stream": true, "top-p": 0.5,
             "stream_options": {"include_usage": true, "stream": 1}});
-        let mut unknown = unknown_fields::<ChatRequest>(&body);
-        unknown.sort();
-        assert_eq!(unknown, ["temprature", "top-p"]);
+        fn unknown<R: serde::de::DeserializeOwned>(body: &Value) -> Vec<&str> {
+            match read::<R>(body) {
+                Ok((.., unknown)) => unknown,
+                Err(e) => panic!("{}", e.message),
+            }
+        }
+        let mut named = unknown::<ChatRequest>(&body);
+        named.sort();
+        assert_eq!(named, ["temprature", "top-p"]);
         // Every field the endpoints read is known: a field added to a request struct needs
         // no list kept beside it.
         let every = serde_json::json!({"prompt": "x", "max_tokens": 1,
@@ -706,10 +706,10 @@ mod tests {
             "seed": 1, "stop": "x", "n": 2, "stream": true,
             "stream_options": {"include_usage": true},
             "prediction": {"type": "content", "content": "x"}});
-        assert!(unknown_fields::<CompletionRequest>(&every).is_empty());
+        assert!(unknown::<CompletionRequest>(&every).is_empty());
         // A chat's `prompt` is not read: unknown to that endpoint.
         let completion = serde_json::json!({"prompt": "x", "messages": []});
-        assert_eq!(unknown_fields::<ChatRequest>(&completion), ["prompt"]);
+        assert_eq!(unknown::<ChatRequest>(&completion), ["prompt"]);
         assert_eq!(
             unknown_fields_warning(&["temprature", "a\nb"]),
             r#"a request's fields unknown to this server were ignored: "temprature", "a\nb""#

@@ -359,8 +359,8 @@ fn check(app: &App, endpoint: Endpoint, body: Body) -> std::result::Result<Check
     api::refuse_unsupported(&body)?;
     let (text, settings, field, unknown) = match endpoint {
         Endpoint::Chat => {
-            let req: api::ChatRequest = api::parse(&body)?;
-            let settings = api::parse::<api::Common>(&body)?.settings()?;
+            let (req, common, unknown) = api::read::<api::ChatRequest>(&body)?;
+            let settings = common.settings()?;
             if app.tokenizer.chat_template().is_none() {
                 return Err(ApiError::new(
                     StatusCode::NOT_IMPLEMENTED,
@@ -374,13 +374,11 @@ fn check(app: &App, endpoint: Endpoint, body: Body) -> std::result::Result<Check
                 .collect();
             let text = crate::chat::render(&app.tokenizer, &turns)
                 .map_err(|e| ApiError::invalid("messages", e.to_string()))?;
-            let unknown = api::unknown_fields::<api::ChatRequest>(&body);
             (text, settings, "messages", unknown)
         }
         Endpoint::Completions => {
-            let req: api::CompletionRequest = api::parse(&body)?;
-            let settings = api::parse::<api::Common>(&body)?.settings()?;
-            let unknown = api::unknown_fields::<api::CompletionRequest>(&body);
+            let (req, common, unknown) = api::read::<api::CompletionRequest>(&body)?;
+            let settings = common.settings()?;
             (req.prompt()?, settings, "prompt", unknown)
         }
     };
