@@ -152,7 +152,7 @@ impl Drafter for VerticalCascade {
                     break 'rounds;
                 }
                 let dist = if self.report_reviewer {
-                    sampling.distribution(row)
+                    round.logits.distribution(i, &sampling).into_owned()
                 } else {
                     dist
                 };

@@ -115,7 +115,7 @@ impl Logits {
 
     /// Row `i`'s distribution under `sampling` ([`Sampling::distribution`]), computed once and
     /// kept: a review and what adaptive drafting learns from it both need it, and at T > 0 it
-    /// costs 0.1-0.4 ms over a 151,936-token vocabulary. Under another sampling than the first
+    /// costs 0.1-1.4 ms over a 151,936-token vocabulary. Under another sampling than the first
     /// asked for, it is computed afresh.
     pub fn distribution(&self, i: usize, sampling: &Sampling) -> Cow<'_, Dist> {
         let compute = || sampling.distribution(self.row(i));
