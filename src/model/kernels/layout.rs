@@ -8,6 +8,8 @@
 //! ([`NARROW`]): a lane is a 32-value group, so the 16-bit products of a lane's eight vectors
 //! can be summed before one widening per block (Q6_K, with one scale per 16 values, keeps its
 //! two halves apart: vectors 0-3 hold the first 16 values of each lane, 4-7 the second).
+//! (The AVX-512 kernels read Q4_K in the NARROW layout too, two blocks side by side in each
+//! 64-byte vector, so a lane is a 32-value sub-block: half the float work per block.)
 //! A kernel sums integer products per lane and applies the scales after. Formats with
 //! 32-value blocks (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0) are gathered eight blocks at a time, their rows
 //! padded with zero blocks to a multiple of 256 values. A row whose last 256 values hold at

@@ -5,7 +5,7 @@
 //! multiply-adds, not another pass over the weights (which is what a one-token decode is bound
 //! by). The weights are repacked at load time into the layout of the family that multiplies
 //! them ([`layout`]): AVX-512 VNNI ([`avx512`], Q4_K, Q5_K, Q6_K, Q5_0, Q8_0, on 64-byte
-//! vectors) and AVX2 with FMA and F16C ([`avx2`], the same five plus Q4_0, Q4_1 and Q5_1, on
+//! vectors; Q4_K in AVX2's layout, two blocks a 64-byte vector) and AVX2 with FMA and F16C ([`avx2`], the same five plus Q4_0, Q4_1 and Q5_1, on
 //! 32-byte vectors; on an AVX-512 machine it also runs the formats the AVX-512 family lacks).
 //! AVX-VNNI runs AVX2's layout with `vpdpbusd` for its products, to the same bits.
 //!
@@ -138,14 +138,14 @@ pub struct Packed {
     kernels: Kernels,
 }
 
-/// Repacked blocks, by format and layout: AVX-512's ([`WIDE`]) or AVX2's ([`NARROW`]).
+/// Repacked blocks, by format and layout: AVX-512's ([`WIDE`]) or AVX2's ([`NARROW`]; the
+/// AVX-512 kernels take Q4_K in it too, two blocks a step).
 enum Blocks {
-    Q4K(Rows<layout::PackedQ4K<WIDE>>),
     Q5K(Rows<layout::PackedQ5KWide>),
     Q6K(Rows<layout::PackedQ6K<WIDE>>),
     Q5_0(Rows<layout::PackedQ5_0, layout::HalfQ5_0>),
     Q8_0(Rows<layout::PackedQ8_0<WIDE>, layout::HalfQ8_0Wide>),
-    Q4KNarrow(Rows<layout::PackedQ4K<NARROW>>),
+    Q4K(Rows<layout::PackedQ4K<NARROW>>),
     Q5KPlanes(Rows<layout::PackedQ5KPlanes>),
     Q6KNarrow(Rows<layout::PackedQ6K<NARROW>>),
     Q5_0Planes(Rows<layout::PackedQ5_0Planes, layout::HalfQ5_0Planes>),
@@ -174,7 +174,7 @@ macro_rules! each_format {
     };
     ($blocks:expr, |$b:ident, $variant:ident, $same:ident| $f:expr) => {
         each_format!(@ $blocks, $b, $variant, $same, $f;
-            Q4K, Q5K, Q6K, Q5_0, Q8_0, Q4KNarrow, Q5KPlanes, Q6KNarrow, Q5_0Planes, Q8_0Narrow,
+            Q5K, Q6K, Q5_0, Q8_0, Q4K, Q5KPlanes, Q6KNarrow, Q5_0Planes, Q8_0Narrow,
             Q4_0, Q4_1, Q5_1Planes)
     };
 }
@@ -206,15 +206,14 @@ impl Packed {
             kernels != Kernels::Portable,
             "the portable path does not repack"
         );
-        // The formats AVX-512 multiplies take its layout; everything else AVX2's.
+        // The formats AVX-512 multiplies in its layout take it; everything else AVX2's.
         let wide = kernels == Kernels::Avx512;
         let blocks = match source {
-            Source::Q4K(b) if wide => Blocks::Q4K(layout::pack_q4k(b)),
             Source::Q5K(b) if wide => Blocks::Q5K(layout::pack_q5k(b)),
             Source::Q6K(b) if wide => Blocks::Q6K(layout::pack_q6k(b)),
             Source::Q5_0(b) if wide => Blocks::Q5_0(layout::pack_q5_0(b, cols)),
             Source::Q8_0(b) if wide => Blocks::Q8_0(layout::pack_q8_0(b, cols)),
-            Source::Q4K(b) => Blocks::Q4KNarrow(layout::pack_q4k(b)),
+            Source::Q4K(b) => Blocks::Q4K(layout::pack_q4k(b)),
             Source::Q5K(b) => Blocks::Q5KPlanes(layout::pack_q5k_planes(b)),
             Source::Q6K(b) => Blocks::Q6KNarrow(layout::pack_q6k(b)),
             Source::Q5_0(b) => Blocks::Q5_0Planes(layout::pack_q5_0_planes(b, cols)),
@@ -234,7 +233,7 @@ impl Packed {
     /// The quantization the blocks came from.
     pub fn dtype(&self) -> GgmlDType {
         match &self.blocks {
-            Blocks::Q4K(_) | Blocks::Q4KNarrow(_) => GgmlDType::Q4K,
+            Blocks::Q4K(_) => GgmlDType::Q4K,
             Blocks::Q5K(_) | Blocks::Q5KPlanes(_) => GgmlDType::Q5K,
             Blocks::Q6K(_) | Blocks::Q6KNarrow(_) => GgmlDType::Q6K,
             Blocks::Q5_0(_) | Blocks::Q5_0Planes(_) => GgmlDType::Q5_0,
@@ -314,12 +313,14 @@ impl Packed {
                 };
             }
             match &self.blocks {
-                Blocks::Q4K(b) => avx512::matmul(&b.blocks, &b.tails, mkn, lhs, dst),
+                Blocks::Q4K(b) if self.kernels == Kernels::Avx512 => {
+                    avx512::matmul_q4k_two_blocks(&b.blocks, mkn, lhs, dst)
+                }
                 Blocks::Q5K(b) => avx512::matmul(&b.blocks, &b.tails, mkn, lhs, dst),
                 Blocks::Q6K(b) => avx512::matmul(&b.blocks, &b.tails, mkn, lhs, dst),
                 Blocks::Q5_0(b) => avx512::matmul(&b.blocks, &b.tails, mkn, lhs, dst),
                 Blocks::Q8_0(b) => avx512::matmul(&b.blocks, &b.tails, mkn, lhs, dst),
-                Blocks::Q4KNarrow(b) => narrow!(b),
+                Blocks::Q4K(b) => narrow!(b),
                 Blocks::Q5KPlanes(b) => narrow!(b),
                 Blocks::Q6KNarrow(b) => narrow!(b),
                 Blocks::Q5_0Planes(b) => narrow!(b),
