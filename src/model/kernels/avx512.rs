@@ -1,21 +1,22 @@
 //! AVX-512 VNNI kernels: one `vpdpbusd` (64 multiply-adds) per 64-byte vector.
 //!
-//! A kernel goes through a weight row a step of `Z` value vectors at a time: one 256-value
-//! block in AVX-512's layout (four vectors, a 16-value group per lane), or for Q4_K two blocks
-//! of AVX2's layout side by side (eight vectors, a 32-value sub-block per lane,
-//! [`Q4KTwoBlocks`]). Per step and activation row: `Z` `vpdpbusd`, one conversion, a multiply
-//! and a fused multiply-add, with the scales applied per 32-bit lane after the integer sums, so
-//! Q4_K's steps of two blocks take half the float work per block. Formats stored plus a
-//! constant start their integer sums from minus its products (exact, and free); Q4_K's and
-//! Q5_K's mins take a second fused multiply-add. Weight blocks are unpacked once for all
+//! A kernel goes through a weight row a step of `Z` value vectors at a time: for Q6_K (one
+//! scale per 16 values) one 256-value block in a layout of its own (four vectors, a 16-value
+//! group per lane), for Q4_K, Q5_K, Q5_0, Q5_1 and Q8_0 (one scale per 32) two blocks of
+//! AVX2's layout side by side (eight vectors, a 32-value group per lane, [`TwoBlocks`]). Per
+//! step and activation row: `Z` `vpdpbusd`, one conversion, a multiply and a fused
+//! multiply-add, with the scales applied per 32-bit lane after the integer sums, so steps of
+//! two blocks take half the float work per block. Formats stored plus a constant start their
+//! integer sums from minus its products (exact, and free); the mins of Q4_K, Q5_K and Q5_1
+//! take a second fused multiply-add. Weight blocks are unpacked once for all
 //! activation rows; from 9 activation rows, or when they outgrow L1 ([`in_pairs`]), weight rows
 //! go in pairs so that each activation vector is loaded once for both, and activation rows that
 //! outgrow L1 are taken a span of blocks at a time ([`span`]), so that they come from L2 once
 //! per tile of weight rows rather than once per weight row.
 
 use super::layout::{
-    f16_to_f32, HalfQ5_0, HalfQ8_0Wide, PackedQ4K, PackedQ5KWide, PackedQ5_0, PackedQ6K,
-    PackedQ8_0, NARROW, QK, WIDE,
+    f16_to_f32, HalfQ5_0Planes, HalfQ5_1Planes, HalfQ8_0, PackedQ4K, PackedQ5KPlanes,
+    PackedQ5_0Planes, PackedQ5_1Planes, PackedQ6K, PackedQ8_0, NARROW, QK, WIDE,
 };
 use super::{for_each_output, Part, Tile, Weights, CHUNK, MAX_ROWS};
 use std::arch::x86_64::*;
@@ -31,43 +32,43 @@ pub(super) fn supported() -> bool {
         && is_x86_feature_detected!("avx2")
 }
 
-/// `dst[m x n] = lhs[m x k] x Wᵀ` for `n` weight rows of `k.div_ceil(256)` blocks each: all
-/// in `w`, or (if `tails` is not empty) all but the last in `w` and the last, in half size,
-/// in `tails` (`Rows` in the layout module).
+/// `dst[m x n] = lhs[m x k] x Wᵀ` for `n` Q6_K weight rows of `k / 256` blocks each.
 ///
 /// # Safety
 /// The CPU must have AVX-512 F, BW and VNNI ([`supported`]). Slice lengths are checked.
-pub(super) unsafe fn matmul<B: Unpack + Sync, H: Unpack + Sync>(
+pub(super) unsafe fn matmul_q6k(
+    w: &[PackedQ6K<WIDE>],
+    mkn: (usize, usize, usize),
+    lhs: &[f32],
+    dst: &mut [f32],
+) {
+    let kb = mkn.1.div_ceil(QK);
+    matmul_steps::<_, 4>(&Weights::new(w, &[], kb), kb, mkn, lhs, dst)
+}
+
+/// `dst[m x n] = lhs[m x k] x Wᵀ` for `n` weight rows of `k.div_ceil(256)` blocks each in
+/// AVX2's layout, taken two at a time ([`TwoBlocks`]): all in `w`, or (if `tails` is not
+/// empty) all but the last in `w` and the last, in half size, in `tails` (`Rows` in the
+/// layout module).
+///
+/// # Safety
+/// As [`matmul_q6k`].
+pub(super) unsafe fn matmul_two_blocks<B: TwoBlock + Sync, H: NarrowPart + Sync>(
     w: &[B],
     tails: &[H],
     mkn: (usize, usize, usize),
     lhs: &[f32],
     dst: &mut [f32],
 ) {
-    const { assert!(same_offset(B::OFFSET_LOG2, H::OFFSET_LOG2)) };
     let kb = mkn.1.div_ceil(QK);
-    matmul_steps::<_, 4>(&Weights::new(w, tails, kb), kb, mkn, lhs, dst)
-}
-
-/// [`matmul`] for Q4_K blocks in AVX2's layout, taken two at a time ([`Q4KTwoBlocks`]).
-///
-/// # Safety
-/// As [`matmul`].
-pub(super) unsafe fn matmul_q4k_two_blocks(
-    w: &[PackedQ4K<NARROW>],
-    mkn: (usize, usize, usize),
-    lhs: &[f32],
-    dst: &mut [f32],
-) {
-    let kb = mkn.1.div_ceil(QK);
-    matmul_steps::<_, 8>(&Q4KTwoBlocks(Weights::new(w, &[], kb)), kb, mkn, lhs, dst)
+    matmul_steps::<_, 8>(&TwoBlocks(Weights::new(w, tails, kb)), kb, mkn, lhs, dst)
 }
 
 /// `dst[m x n] = lhs[m x k] x Wᵀ` for the `n` weight rows of `w`, `kb` blocks each, `Z / 4`
 /// blocks a step.
 ///
 /// # Safety
-/// As [`matmul`].
+/// As [`matmul_q6k`].
 unsafe fn matmul_steps<W: Steps<Z> + Sync, const Z: usize>(
     w: &W,
     kb: usize,
@@ -86,18 +87,13 @@ unsafe fn matmul_steps<W: Steps<Z> + Sync, const Z: usize>(
     });
 }
 
-/// Whether two formats' blocks carry the same offset (a whole block and its half must).
-const fn same_offset(a: Option<u32>, b: Option<u32>) -> bool {
-    match (a, b) {
-        (Some(a), Some(b)) => a == b,
-        (None, None) => true,
-        _ => false,
-    }
-}
-
 /// A matrix's weight rows as a kernel goes through them, `Z` value vectors a step.
 trait Steps<const Z: usize> {
-    /// As [`Unpack::OFFSET_LOG2`].
+    /// Formats whose stored values all carry the same offset, a power of two (Q6_K 32, Q5_0 16,
+    /// Q8_0 128): its log2. The integer sums then start from minus its products and end on the
+    /// true values' sums, exactly (a row of zero weights gives exactly 0), and the steps'
+    /// offsets are unused. `None` for Q4_K and Q5_K, whose mins vary by sub-block and are
+    /// subtracted in floats.
     const OFFSET_LOG2: Option<u32>;
 
     /// Whether rows `..end` of `ks` steps are all there ([`Weights::holds`]).
@@ -107,8 +103,8 @@ trait Steps<const Z: usize> {
     fn in_groups_of(&self, rows: usize) -> Self;
 
     /// Step `s` of weight row `j`, prefetching ahead, in registers: the value vectors (unsigned
-    /// bytes), and per 32-bit lane the scale of its values and the offset to subtract per
-    /// unit of activation sum ([`Unpack::unpack`]).
+    /// bytes), and per 32-bit lane the scale of its values and (formats without
+    /// [`Steps::OFFSET_LOG2`]) the offset to subtract per unit of activation sum.
     ///
     /// # Safety
     /// The CPU must have AVX-512 F, BW and VNNI; `j` below an `end` and `s` below a `ks` for
@@ -116,8 +112,11 @@ trait Steps<const Z: usize> {
     unsafe fn step(&self, j: usize, s: usize) -> ([__m512i; Z], __m512, __m512);
 }
 
-impl<B: Unpack, H: Unpack> Steps<4> for Weights<'_, B, H> {
-    const OFFSET_LOG2: Option<u32> = B::OFFSET_LOG2;
+/// Q6_K in AVX-512's own layout ([`WIDE`]: a 16-value group, one scale, per lane), a block a
+/// step.
+impl Steps<4> for Weights<'_, PackedQ6K<WIDE>, PackedQ6K<WIDE>> {
+    /// Values are stored plus 32.
+    const OFFSET_LOG2: Option<u32> = Some(5);
 
     fn holds_steps(&self, end: usize, ks: usize) -> bool {
         self.holds(end, ks)
@@ -130,28 +129,77 @@ impl<B: Unpack, H: Unpack> Steps<4> for Weights<'_, B, H> {
     #[inline(always)]
     unsafe fn step(&self, j: usize, b: usize) -> ([__m512i; 4], __m512, __m512) {
         match self.block(j, b) {
-            Part::Whole(x) => x.unpack(),
-            Part::Half(x) => x.unpack(),
+            Part::Whole(x) | Part::Half(x) => unpack_q6k(x),
         }
     }
 }
 
-/// Q4_K blocks in AVX2's layout ([`NARROW`]: a 32-value sub-block per lane of a 32-byte
-/// vector), two at a time: vector `z` of a step holds vector `z` of the first block in its
-/// low half and of the second in its high half, so lane `l` is sub-block `l % 8` of block
-/// `l / 8`, one scale and one min per lane. A step's eight `vpdpbusd` then take one
-/// conversion, one multiply and two fused multiply-adds per activation row, where two
-/// 256-value blocks in AVX-512's own layout take twice that. Against that layout
-/// (`kernel_timing`, AMD EPYC Zen 4, interleaved), the 1,536-wide products took 13-18% less
-/// time per product at 8 rows, the 8,960-wide ones 9%, and 6-16% less at one row. A row of an
-/// odd number of blocks ends on a step of one, its high halves zero.
-struct Q4KTwoBlocks<'a>(Weights<'a, PackedQ4K<NARROW>, PackedQ4K<NARROW>>);
+/// Blocks of AVX2's layout ([`NARROW`]: a 32-value group per 32-bit lane of a 32-byte
+/// vector), two at a time: vector `z` of a step holds vector `z` of the first block in its low
+/// half and of the second in its high half, so lane `l` is group `l % 8` of block `l / 8`, one
+/// scale a lane for the formats whose scales are per 32 values. A step's eight `vpdpbusd` then
+/// take one conversion, one multiply and one fused multiply-add per activation row (mins one
+/// more), where two 256-value blocks of 16-value lanes took twice that. Against that layout
+/// (`kernel_timing`, AMD EPYC Zen 4, interleaved), the 1,536-wide products of Q4_K took 13-18%
+/// less time per product at 8 rows and 6-16% less at one row, Q5_K's 12% and 11%, and the
+/// 896-wide ones of Q5_0 11% and 2%; Q8_0's 896-wide ones took 5-13% less from 8 rows but
+/// 10-13% more at one row held in L3 (17% less streaming from memory, as a decode does); Q5_1's
+/// 6-11% less at 8 rows than AVX2's kernels with 32-byte `vpdpbusd`, the same at one. A row
+/// of an odd number of blocks ends on a step of one, its high halves zero; a row's half-size
+/// last block ([`Rows`](super::layout::Rows)) fills the low quarter of each vector of its
+/// half.
+struct TwoBlocks<'a, B, H>(Weights<'a, B, H>);
 
-impl Steps<8> for Q4KTwoBlocks<'_> {
-    const OFFSET_LOG2: Option<u32> = None;
+/// A block of AVX2's layout, or a row's half-size last block, as either half of a step of
+/// [`TwoBlocks`]: its storage in 32-byte pieces (a half block's 16-byte ones zero-extended)
+/// and its lanes' scales.
+pub(super) trait NarrowPart {
+    /// Piece `i` of the block's storage (the step's vectors are made from the pieces,
+    /// [`TwoBlock::vectors`]).
+    ///
+    /// # Safety
+    /// The CPU must have AVX2; `i` below the format's pieces.
+    unsafe fn piece(&self, i: usize) -> __m256i;
+
+    /// Per lane: the scale of its values and the offset to subtract per unit of activation
+    /// sum (zero for formats with [`TwoBlock::OFFSET_LOG2`]); zero in a half block's lanes 4-7.
+    ///
+    /// # Safety
+    /// The CPU must have AVX2 and F16C.
+    unsafe fn scales(&self) -> (__m256, __m256);
+}
+
+/// A format in AVX2's layout taken two blocks a step.
+pub(super) trait TwoBlock: NarrowPart {
+    /// As [`Steps::OFFSET_LOG2`].
+    const OFFSET_LOG2: Option<u32>;
+
+    /// A step's eight value vectors (unsigned bytes) from its pieces: `piece(i)` holds piece
+    /// `i` of the first block in its low half and of the second in its high half.
+    ///
+    /// # Safety
+    /// The CPU must have AVX-512 F and BW.
+    unsafe fn vectors(piece: impl Fn(usize) -> __m512i) -> [__m512i; 8];
+}
+
+/// Piece `i` of a block or a half block.
+///
+/// # Safety
+/// As [`NarrowPart::piece`].
+#[inline(always)]
+unsafe fn piece_of<B: NarrowPart, H: NarrowPart>(part: &Part<'_, B, H>, i: usize) -> __m256i {
+    match part {
+        Part::Whole(x) => x.piece(i),
+        Part::Half(x) => x.piece(i),
+    }
+}
+
+impl<B: TwoBlock, H: NarrowPart> Steps<8> for TwoBlocks<'_, B, H> {
+    const OFFSET_LOG2: Option<u32> = B::OFFSET_LOG2;
 
     fn holds_steps(&self, end: usize, ks: usize) -> bool {
-        self.0.holds(end, self.0.full) && self.0.full.div_ceil(2) == ks
+        let kb = self.blocks();
+        self.0.holds(end, kb) && kb.div_ceil(2) == ks
     }
 
     fn in_groups_of(&self, rows: usize) -> Self {
@@ -159,59 +207,207 @@ impl Steps<8> for Q4KTwoBlocks<'_> {
     }
 
     #[inline]
-    #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2")]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,f16c")]
     unsafe fn step(&self, j: usize, s: usize) -> ([__m512i; 8], __m512, __m512) {
-        let whole = |b| match self.0.block(j, b) {
-            Part::Whole(x) | Part::Half(x) => x,
-        };
-        let first = whole(2 * s);
-        let second = (2 * s + 1 < self.0.full).then(|| whole(2 * s + 1));
-        // The nibbles of vectors 2i and 2i + 1: 32 bytes of each block.
-        let nibbles = |i: usize| {
-            let low = _mm256_loadu_si256(first.qs.as_ptr().add(32 * i) as *const _);
-            match second {
-                Some(x) => _mm512_inserti64x4::<1>(
-                    _mm512_castsi256_si512(low),
-                    _mm256_loadu_si256(x.qs.as_ptr().add(32 * i) as *const _),
-                ),
-                None => _mm512_zextsi256_si512(low),
+        let first = self.0.block(j, 2 * s);
+        let second = (2 * s + 1 < self.blocks()).then(|| self.0.block(j, 2 * s + 1));
+        let w = B::vectors(|i| {
+            let low = _mm512_castsi256_si512(piece_of(&first, i));
+            match &second {
+                Some(x) => _mm512_inserti64x4::<1>(low, piece_of(x, i)),
+                None => low,
             }
+        });
+        let [(s0, o0), (s1, o1)] = [Some(&first), second.as_ref()].map(|x| match x {
+            Some(Part::Whole(x)) => x.scales(),
+            Some(Part::Half(x)) => x.scales(),
+            None => (_mm256_setzero_ps(), _mm256_setzero_ps()),
+        });
+        let join = |a: __m256, b| _mm512_insertf32x8::<1>(_mm512_castps256_ps512(a), b);
+        (w, join(s0, s1), join(o0, o1))
+    }
+}
+
+impl<B, H> TwoBlocks<'_, B, H> {
+    /// Blocks a row spans, its half-size last one included.
+    fn blocks(&self) -> usize {
+        self.0.full + usize::from(!self.0.tails.is_empty())
+    }
+}
+
+/// The low and high nibbles of the pieces `0..4`: the eight value vectors.
+///
+/// # Safety
+/// The CPU must have AVX-512 F and BW.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2")]
+unsafe fn nibble_vectors(piece: impl Fn(usize) -> __m512i) -> [__m512i; 8] {
+    let m4 = _mm512_set1_epi8(0x0f);
+    let mut w = [_mm512_setzero_si512(); 8];
+    for i in 0..4 {
+        let v = piece(i);
+        w[2 * i] = _mm512_and_si512(v, m4);
+        w[2 * i + 1] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+    }
+    w
+}
+
+/// 32 bytes at `p`.
+///
+/// # Safety
+/// The CPU must have AVX; `p` points to 32 readable bytes.
+#[inline(always)]
+unsafe fn load32(p: *const u8) -> __m256i {
+    _mm256_loadu_si256(p as *const _)
+}
+
+/// 16 bytes at `p`, zero-extended to 32.
+///
+/// # Safety
+/// The CPU must have AVX; `p` points to 16 readable bytes.
+#[inline(always)]
+unsafe fn load16(p: *const u8) -> __m256i {
+    _mm256_zextsi128_si256(_mm_loadu_si128(p as *const _))
+}
+
+/// Eight f16 scales as floats.
+///
+/// # Safety
+/// The CPU must have AVX and F16C.
+#[inline(always)]
+unsafe fn scales8(d: &[u16; 8]) -> __m256 {
+    _mm256_cvtph_ps(_mm_loadu_si128(d.as_ptr() as *const _))
+}
+
+/// Four f16 scales as floats, lanes 4-7 zero.
+///
+/// # Safety
+/// The CPU must have AVX and F16C.
+#[inline(always)]
+unsafe fn scales4(d: &[u16; 4]) -> __m256 {
+    _mm256_zextps128_ps256(_mm_cvtph_ps(_mm_loadl_epi64(d.as_ptr() as *const _)))
+}
+
+impl NarrowPart for PackedQ4K<NARROW> {
+    #[inline(always)]
+    unsafe fn piece(&self, i: usize) -> __m256i {
+        load32(self.qs.as_ptr().add(32 * i))
+    }
+
+    #[inline(always)]
+    unsafe fn scales(&self) -> (__m256, __m256) {
+        let lanes = |x: &[u8; 8]| {
+            _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(
+                _mm_loadl_epi64(x.as_ptr() as *const _),
+            ))
         };
-        let m4 = _mm512_set1_epi8(0x0f);
-        let mut w = [_mm512_setzero_si512(); 8];
-        for i in 0..4 {
-            let v = nibbles(i);
-            w[2 * i] = _mm512_and_si512(v, m4);
-            w[2 * i + 1] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+        let scale = _mm256_mul_ps(_mm256_set1_ps(f16_to_f32(self.d)), lanes(&self.scales));
+        let offset = _mm256_mul_ps(_mm256_set1_ps(f16_to_f32(self.dmin)), lanes(&self.mins));
+        (scale, offset)
+    }
+}
+
+impl NarrowPart for PackedQ5KPlanes {
+    /// Pieces 0-3: the nibbles; 4: bit 4's planes.
+    #[inline(always)]
+    unsafe fn piece(&self, i: usize) -> __m256i {
+        match i {
+            4 => load32(self.qh.as_ptr()),
+            i => self.low.piece(i),
         }
-        // Scales then mins (adjacent fields) of each block: the first's in lanes 0-7, the
-        // second's (or zeros) in 8-15.
-        let scales_mins = |x: &PackedQ4K<NARROW>| {
-            const {
-                assert!(
-                    std::mem::offset_of!(PackedQ4K<NARROW>, mins)
-                        == std::mem::offset_of!(PackedQ4K<NARROW>, scales) + 8
-                )
-            };
-            let at = std::mem::offset_of!(PackedQ4K<NARROW>, scales);
-            _mm_loadu_si128((x as *const PackedQ4K<NARROW> as *const u8).add(at) as *const _)
-        };
-        let (a, b) = (
-            scales_mins(first),
-            second.map_or(_mm_setzero_si128(), scales_mins),
-        );
-        let lanes = |bytes| _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(bytes));
-        let per_block = |f: fn(&PackedQ4K<NARROW>) -> u16| {
-            let high = second.map_or(0.0, |x| f16_to_f32(f(x)));
-            _mm512_mask_mov_ps(
-                _mm512_set1_ps(f16_to_f32(f(first))),
-                0xff00,
-                _mm512_set1_ps(high),
-            )
-        };
-        let scale = _mm512_mul_ps(per_block(|x| x.d), lanes(_mm_unpacklo_epi64(a, b)));
-        let offset = _mm512_mul_ps(per_block(|x| x.dmin), lanes(_mm_unpackhi_epi64(a, b)));
-        (w, scale, offset)
+    }
+
+    #[inline(always)]
+    unsafe fn scales(&self) -> (__m256, __m256) {
+        self.low.scales()
+    }
+}
+
+/// [`NarrowPart`] for eight 32-value blocks (or a row's last four, in half size): nibbles in
+/// `qs` (pieces 0-3, `$w` bytes each: 32, or 16 in a half) or whole bytes (Q8_0, pieces 0-7),
+/// bit 4's planes in `qh` (piece 4) for the five-bit formats, one scale each in `d` and, for
+/// formats whose value is `d q + m`, its `m` (the offset per unit of activation sum is `-m`).
+macro_rules! per32_parts {
+    ($($t:ty: $w:literal, $load:ident, $scales:ident, [$($qh:ident)?], [$($m:ident)?];)*) => {$(
+        impl NarrowPart for $t {
+            #[inline(always)]
+            unsafe fn piece(&self, i: usize) -> __m256i {
+                $(if i == 4 {
+                    return $load(self.$qh.as_ptr());
+                })?
+                $load(self.qs.as_ptr().add($w * i))
+            }
+
+            #[inline(always)]
+            unsafe fn scales(&self) -> (__m256, __m256) {
+                #[allow(unused_mut)]
+                let mut offset = _mm256_setzero_ps();
+                $(offset = _mm256_sub_ps(offset, $scales(&self.$m));)?
+                ($scales(&self.d), offset)
+            }
+        }
+    )*};
+}
+
+per32_parts! {
+    PackedQ5_0Planes: 32, load32, scales8, [qh], [];
+    HalfQ5_0Planes: 16, load16, scales4, [qh], [];
+    PackedQ8_0<NARROW>: 32, load32, scales8, [], [];
+    HalfQ8_0: 16, load16, scales4, [], [];
+    PackedQ5_1Planes: 32, load32, scales8, [qh], [m];
+    HalfQ5_1Planes: 16, load16, scales4, [qh], [m];
+}
+
+/// [`TwoBlock`] for `$t`, stored plus `2^$offset` if that is not `None`, its vectors made by
+/// `$vectors`.
+macro_rules! two_block {
+    ($($t:ty: $offset:expr, $vectors:expr;)*) => {$(
+        impl TwoBlock for $t {
+            const OFFSET_LOG2: Option<u32> = $offset;
+
+            #[inline(always)]
+            unsafe fn vectors(piece: impl Fn(usize) -> __m512i) -> [__m512i; 8] {
+                $vectors(piece)
+            }
+        }
+    )*};
+}
+
+two_block! {
+    PackedQ4K<NARROW>: None, nibble_vectors;
+    PackedQ5KPlanes: None, planes_vectors;
+    PackedQ5_0Planes: Some(4), planes_vectors;
+    PackedQ8_0<NARROW>: Some(7), std::array::from_fn;
+    PackedQ5_1Planes: None, planes_vectors;
+}
+
+/// The value vectors of five-bit formats in AVX2's layout: nibbles in pieces 0-3 and bit 4 in
+/// bit planes in piece 4 (bit `z` of a byte is bit 4 of the value at that byte of vector `z`).
+///
+/// # Safety
+/// The CPU must have AVX-512 F and BW.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2")]
+unsafe fn planes_vectors(piece: impl Fn(usize) -> __m512i) -> [__m512i; 8] {
+    {
+        let low = nibble_vectors(&piece);
+        // Each vector's bit shifted to bit 4 within its byte (the 16-bit shifts carry other
+        // bytes' bits only below it).
+        let p = piece(4);
+        let at4 = [
+            _mm512_slli_epi16::<4>(p),
+            _mm512_slli_epi16::<3>(p),
+            _mm512_slli_epi16::<2>(p),
+            _mm512_slli_epi16::<1>(p),
+            p,
+            _mm512_srli_epi16::<1>(p),
+            _mm512_srli_epi16::<2>(p),
+            _mm512_srli_epi16::<3>(p),
+        ];
+        // low | (at4 & 0x10)
+        std::array::from_fn(|z| {
+            _mm512_ternarylogic_epi32::<0xf8>(low[z], at4[z], _mm512_set1_epi8(0x10))
+        })
     }
 }
 
@@ -223,7 +419,7 @@ impl Steps<8> for Q4KTwoBlocks<'_> {
 struct Acts<const Z: usize> {
     qs: [[i8; 64]; Z],
     /// Each lane's sum as the weights' format takes it off: for a format stored plus a
-    /// constant ([`Unpack::OFFSET_LOG2`]) minus the integer sum times it, where the lane's
+    /// constant ([`Steps::OFFSET_LOG2`]) minus the integer sum times it, where the lane's
     /// `vpdpbusd` chain starts; otherwise (Q4_K's mins) the f32 bits of the sum times `d`.
     sums: [u32; 16],
     /// Each lane's scale (its block's); in the padding a single block would have anyway.
@@ -314,22 +510,6 @@ impl<const Z: usize> Acts<Z> {
     }
 }
 
-/// A repacked block unpacked into registers: the four value vectors (unsigned bytes), and per
-/// 32-bit lane the scale of its values and (formats without [`Unpack::OFFSET_LOG2`]) the
-/// offset to subtract per unit of activation sum.
-pub(super) trait Unpack {
-    /// Formats whose stored values all carry the same offset, a power of two (Q6_K 32, Q5_0 16,
-    /// Q8_0 128): its log2. The integer sums then start from minus its products and end on the
-    /// true values' sums, exactly (a row of zero weights gives exactly 0), and `unpack`'s
-    /// offset is unused. `None` for Q4_K, whose mins
-    /// vary by sub-block and are subtracted in floats.
-    const OFFSET_LOG2: Option<u32>;
-
-    /// # Safety
-    /// The CPU must have AVX-512 F, BW and VNNI.
-    unsafe fn unpack(&self) -> ([__m512i; 4], __m512, __m512);
-}
-
 /// The low four bits of 256 values, stored as the layout's nibbles, as the four vectors.
 ///
 /// # Safety
@@ -337,39 +517,8 @@ pub(super) trait Unpack {
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2")]
 unsafe fn nibbles(qs: &[u8; 128]) -> [__m512i; 4] {
-    let [lo, hi] = [0, 64].map(|o| _mm512_loadu_si512(qs.as_ptr().add(o) as *const _));
-    split_nibbles(lo, hi)
-}
-
-/// [`nibbles`] of a half block: lanes 0-7 of each vector, 8-15 zero.
-///
-/// # Safety
-/// The CPU must have AVX-512 F and BW.
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2")]
-unsafe fn half_nibbles(qs: &[u8; 64]) -> [__m512i; 4] {
-    let [lo, hi] = [0, 32].map(|o| half_vector(qs.as_ptr().add(o)));
-    split_nibbles(lo, hi)
-}
-
-/// 32 bytes at `p` as lanes 0-7 of a vector, lanes 8-15 zero.
-///
-/// # Safety
-/// The CPU must have AVX-512 F; `p` points to 32 readable bytes.
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2")]
-unsafe fn half_vector(p: *const u8) -> __m512i {
-    _mm512_zextsi256_si512(_mm256_loadu_si256(p as *const _))
-}
-
-/// The low and high nibbles of `lo` and of `hi`: the four value vectors.
-///
-/// # Safety
-/// The CPU must have AVX-512 F and BW.
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2")]
-unsafe fn split_nibbles(lo: __m512i, hi: __m512i) -> [__m512i; 4] {
     let m4 = _mm512_set1_epi8(0x0f);
+    let [lo, hi] = [0, 64].map(|o| _mm512_loadu_si512(qs.as_ptr().add(o) as *const _));
     [
         _mm512_and_si512(lo, m4),
         _mm512_and_si512(_mm512_srli_epi16(lo, 4), m4),
@@ -378,146 +527,27 @@ unsafe fn split_nibbles(lo: __m512i, hi: __m512i) -> [__m512i; 4] {
     ]
 }
 
-/// Lane indices `l / 2`: one entry per 32 values spread over the two 16-value lanes.
+/// A Q6_K block in registers.
 ///
 /// # Safety
-/// The CPU must have AVX-512 F.
+/// The CPU must have AVX-512 F, BW and VNNI.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2")]
-unsafe fn halves() -> __m512i {
-    _mm512_set_epi32(7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0)
-}
-
-impl Unpack for PackedQ4K<WIDE> {
-    const OFFSET_LOG2: Option<u32> = None;
-    #[inline]
-    #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2")]
-    unsafe fn unpack(&self) -> ([__m512i; 4], __m512, __m512) {
-        let w = nibbles(&self.qs);
-        // Scales then mins (adjacent fields), one per 32 values: lane l takes entry l / 2. The
-        // 16 bytes are read through a pointer to the whole block, which spans both fields.
-        let at = std::mem::offset_of!(Self, scales);
-        const { assert!(std::mem::offset_of!(Self, mins) == std::mem::offset_of!(Self, scales) + 8) };
-        let sm = _mm512_cvtepu8_epi32(_mm_loadu_si128(
-            (self as *const Self as *const u8).add(at) as *const _
-        ));
-        let pair = |first: i32| {
-            let idx = _mm512_add_epi32(halves(), _mm512_set1_epi32(first));
-            _mm512_cvtepi32_ps(_mm512_permutexvar_epi32(idx, sm))
-        };
-        let scale = _mm512_mul_ps(_mm512_set1_ps(f16_to_f32(self.d)), pair(0));
-        let offset = _mm512_mul_ps(_mm512_set1_ps(f16_to_f32(self.dmin)), pair(8));
-        (w, scale, offset)
-    }
-}
-
-impl Unpack for PackedQ5KWide {
-    const OFFSET_LOG2: Option<u32> = None;
-    #[inline]
-    #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2")]
-    unsafe fn unpack(&self) -> ([__m512i; 4], __m512, __m512) {
-        let (w, scale, offset) = self.low.unpack();
-        (add_high_bits(w, self.qh), scale, offset)
-    }
-}
-
-impl Unpack for PackedQ6K<WIDE> {
-    const OFFSET_LOG2: Option<u32> = Some(5);
-    #[inline]
-    #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2")]
-    unsafe fn unpack(&self) -> ([__m512i; 4], __m512, __m512) {
-        let (low, m30) = (nibbles(&self.ql), _mm512_set1_epi8(0x30));
-        // Bits 4-5 of vector z are bits 2z..2z + 2 of `qh`: move them to bits 4-5.
-        let h = _mm512_loadu_si512(self.qh.as_ptr() as *const _);
-        let high = [
-            _mm512_slli_epi16(h, 4),
-            _mm512_slli_epi16(h, 2),
-            h,
-            _mm512_srli_epi16(h, 2),
-        ];
-        let w = std::array::from_fn(|z| _mm512_or_si512(low[z], _mm512_and_si512(high[z], m30)));
-        let sc = _mm512_cvtepi8_epi32(_mm_loadu_si128(self.scales.as_ptr() as *const _));
-        let scale = _mm512_mul_ps(_mm512_set1_ps(f16_to_f32(self.d)), _mm512_cvtepi32_ps(sc));
-        // Values are stored plus 32 (`OFFSET_LOG2`).
-        (w, scale, _mm512_setzero_ps())
-    }
-}
-
-/// One scale per 32 values (eight f16s) as one per 16-value lane.
-///
-/// # Safety
-/// The CPU must have AVX-512 F and F16C.
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2")]
-unsafe fn lane_scales(d: &[u16; 8]) -> __m512 {
-    let d = _mm512_castps256_ps512(_mm256_cvtph_ps(_mm_loadu_si128(d.as_ptr() as *const _)));
-    _mm512_permutexvar_ps(halves(), d)
-}
-
-/// Four scales (of the first 128 values) as one per 16-value lane, lanes 8-15 zero.
-///
-/// # Safety
-/// The CPU must have AVX-512 F and F16C.
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2")]
-unsafe fn half_lane_scales(d: &[u16; 4]) -> __m512 {
-    let d = _mm_cvtph_ps(_mm_loadl_epi64(d.as_ptr() as *const _));
-    _mm512_permutexvar_ps(halves(), _mm512_zextps128_ps512(d))
-}
-
-/// Bit 4 of each value (the masks `qh`) added to its low bits.
-///
-/// # Safety
-/// The CPU must have AVX-512 F and BW.
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2")]
-unsafe fn add_high_bits(low: [__m512i; 4], qh: [u64; 4]) -> [__m512i; 4] {
-    let sixteen = _mm512_set1_epi8(16);
-    std::array::from_fn(|z| _mm512_mask_add_epi8(low[z], qh[z], low[z], sixteen))
-}
-
-impl Unpack for PackedQ5_0 {
-    const OFFSET_LOG2: Option<u32> = Some(4);
-    #[inline]
-    #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2")]
-    unsafe fn unpack(&self) -> ([__m512i; 4], __m512, __m512) {
-        let w = add_high_bits(nibbles(&self.qs), self.qh);
-        // Values are stored plus 16 (`OFFSET_LOG2`).
-        (w, lane_scales(&self.d), _mm512_setzero_ps())
-    }
-}
-
-impl Unpack for HalfQ5_0 {
-    const OFFSET_LOG2: Option<u32> = Some(4);
-    #[inline]
-    #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2")]
-    unsafe fn unpack(&self) -> ([__m512i; 4], __m512, __m512) {
-        let w = add_high_bits(half_nibbles(&self.qs), self.qh.map(u64::from));
-        (w, half_lane_scales(&self.d), _mm512_setzero_ps())
-    }
-}
-
-impl Unpack for PackedQ8_0<WIDE> {
-    const OFFSET_LOG2: Option<u32> = Some(7);
-    #[inline]
-    #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2")]
-    unsafe fn unpack(&self) -> ([__m512i; 4], __m512, __m512) {
-        let q = self.qs.as_ptr() as *const __m512i;
-        let w = std::array::from_fn(|z| _mm512_loadu_si512(q.add(z)));
-        let scale = lane_scales(&self.d);
-        // Values are stored plus 128 (`OFFSET_LOG2`).
-        (w, scale, _mm512_setzero_ps())
-    }
-}
-
-impl Unpack for HalfQ8_0Wide {
-    const OFFSET_LOG2: Option<u32> = Some(7);
-    #[inline]
-    #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2")]
-    unsafe fn unpack(&self) -> ([__m512i; 4], __m512, __m512) {
-        let w = std::array::from_fn(|z| half_vector(self.qs.as_ptr().add(32 * z)));
-        (w, half_lane_scales(&self.d), _mm512_setzero_ps())
-    }
+unsafe fn unpack_q6k(x: &PackedQ6K<WIDE>) -> ([__m512i; 4], __m512, __m512) {
+    let (low, m30) = (nibbles(&x.ql), _mm512_set1_epi8(0x30));
+    // Bits 4-5 of vector z are bits 2z..2z + 2 of `qh`: move them to bits 4-5.
+    let h = _mm512_loadu_si512(x.qh.as_ptr() as *const _);
+    let high = [
+        _mm512_slli_epi16(h, 4),
+        _mm512_slli_epi16(h, 2),
+        h,
+        _mm512_srli_epi16(h, 2),
+    ];
+    let w = std::array::from_fn(|z| _mm512_or_si512(low[z], _mm512_and_si512(high[z], m30)));
+    let sc = _mm512_cvtepi8_epi32(_mm_loadu_si128(x.scales.as_ptr() as *const _));
+    let scale = _mm512_mul_ps(_mm512_set1_ps(f16_to_f32(x.d)), _mm512_cvtepi32_ps(sc));
+    // Values are stored plus 32 (`Steps::OFFSET_LOG2`).
+    (w, scale, _mm512_setzero_ps())
 }
 
 /// The activation bytes a tile sweeps per weight row while they stay in a core's L1 data cache
@@ -529,7 +559,7 @@ impl Unpack for HalfQ8_0Wide {
 /// blocks a row, 21-29% less time per product at 4-8 rows on an Intel Xeon, before spans).
 const L1_ACTS: usize = 32 << 10;
 
-/// [`L1_ACTS`] for steps of two blocks ([`Q4KTwoBlocks`]): the 1.5B's `down` shape at 8 rows
+/// [`L1_ACTS`] for steps of two blocks ([`TwoBlocks`]): the 1.5B's `down` shape at 8 rows
 /// took 7-16% less time per product in spans of 3 steps (6 blocks) than of 6 (`kernel_timing`,
 /// AMD EPYC Zen 4).
 const L1_ACTS_TWO_BLOCKS: usize = 20 << 10;
@@ -547,7 +577,7 @@ const PAIRS_FROM: usize = 9;
 
 /// Whether a tile of `rows` activation rows of `ks` steps goes in weight-row pairs. Steps of
 /// two blocks go in pairs only from [`PAIRS_FROM`] rows: with 8 rows, two unpacked steps and
-/// 16 accumulators would take more than the 32 vector registers (the `down` shape took 2-9%
+/// 16 accumulators would take more than the 32 vector registers (the `down` shape took 2-10%
 /// longer in pairs at 4-8 rows, AMD EPYC Zen 4).
 fn in_pairs<const Z: usize>(rows: usize, ks: usize) -> bool {
     rows >= PAIRS_FROM

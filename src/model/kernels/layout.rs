@@ -3,14 +3,13 @@
 //!
 //! A layout is named by its vector width `V` in bytes: 256 values are `256 / V` vectors, and
 //! lane `l` (4 bytes) of vector `z` holds values `gl + 4z .. gl + 4z + 4`, where `g = 1024 / V`
-//! values form one lane's group. AVX-512 reads 64-byte vectors ([`WIDE`]): a lane is a
-//! 16-value group, the finest scale group of every supported format. AVX2 reads 32-byte vectors
-//! ([`NARROW`]): a lane is a 32-value group, so the 16-bit products of a lane's eight vectors
-//! can be summed before one widening per block (Q6_K, with one scale per 16 values, keeps its
-//! two halves apart: vectors 0-3 hold the first 16 values of each lane, 4-7 the second).
-//! (The AVX-512 kernels read Q4_K in the NARROW layout too, two blocks side by side in each
-//! 64-byte vector, so a lane is a 32-value sub-block: half the float work per block.)
-//! A kernel sums integer products per lane and applies the scales after. Formats with
+//! values form one lane's group. Every format has a layout of 32-byte vectors ([`NARROW`]): a
+//! lane is a 32-value group, so AVX2's 16-bit products of a lane's eight vectors can be summed
+//! before one widening per block (Q6_K, with one scale per 16 values, keeps its two halves
+//! apart: vectors 0-3 hold the first 16 values of each lane, 4-7 the second), and the AVX-512
+//! kernels read most formats two blocks side by side in each 64-byte vector, one scale a lane. Q6_K has a
+//! layout of 64-byte vectors ([`WIDE`]) too, for AVX-512: a lane is a 16-value group, its
+//! scale group. A kernel sums integer products per lane and applies the scales after. Formats with
 //! 32-value blocks (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0) are gathered eight blocks at a time, their rows
 //! padded with zero blocks to a multiple of 256 values. A row whose last 256 values hold at
 //! most 128 (896 = 3.5 x 256 in Qwen2.5 0.5B, 576 and 640 in other small models) keeps that
@@ -98,9 +97,9 @@ pub(super) fn f16_to_f32(bits: u16) -> f32 {
     f16::from_bits(bits).to_f32()
 }
 
-/// The AVX-512 layout's vector width: four 64-byte vectors, a 16-value group per lane.
+/// The width of AVX-512's Q6_K layout: four 64-byte vectors, a 16-value group per lane.
 pub const WIDE: usize = 64;
-/// The AVX2 layout's vector width: eight 32-byte vectors, a 32-value group per lane.
+/// The width of every format's layout: eight 32-byte vectors, a 32-value group per lane.
 pub const NARROW: usize = 32;
 
 /// Where value `v` of a 256-value block lives in the layout of `V`-byte vectors:
@@ -141,11 +140,7 @@ pub struct PackedQ5K<const V: usize, H> {
     pub(super) qh: H,
 }
 
-/// Q5_K for AVX-512: bit 4 of vector `z`'s 64 values as the mask `qh[z]` (one bit per byte,
-/// as [`PackedQ5_0`]).
-pub type PackedQ5KWide = PackedQ5K<WIDE, [u64; 4]>;
-
-/// Q5_K for AVX2: bit 4 in bit planes (as [`PackedQ5_0Planes`]).
+/// Q5_K: bit 4 in bit planes (as [`PackedQ5_0Planes`]).
 pub type PackedQ5KPlanes = PackedQ5K<NARROW, [u8; 32]>;
 
 /// A Q6_K block: the low four bits as in [`PackedQ4K`], bits 4-5 of vector `z` in bits
@@ -160,18 +155,7 @@ pub struct PackedQ6K<const V: usize> {
     pub(super) qh: [u8; 64],
 }
 
-/// Eight Q5_0 blocks for AVX-512: the low four bits as in [`PackedQ4K`], bit 4 of vector `z`'s
-/// 64 values as the mask `qh[z]` (one bit per byte); values are stored plus 16; one scale per
-/// 32 values.
-#[derive(Clone)]
-#[repr(C)]
-pub struct PackedQ5_0 {
-    pub(super) d: [u16; 8],
-    pub(super) qs: [u8; 128],
-    pub(super) qh: [u64; 4],
-}
-
-/// Eight Q5_0 blocks for AVX2, in the [`NARROW`] layout: the low four bits as in
+/// Eight Q5_0 blocks, in the [`NARROW`] layout: the low four bits as in
 /// [`PackedQ4K`], bit 4 in bit planes: bit `z` of `qh[i]` is bit 4 of the value at byte `i` of
 /// vector `z`, so that one load and a shift per vector recover them; values are stored plus 16;
 /// one scale per 32 values.
@@ -211,7 +195,7 @@ pub struct PackedQ4_1<const V: usize> {
     pub(super) qs: [u8; 128],
 }
 
-/// Eight Q5_1 blocks for AVX2, in the [`NARROW`] layout: the low four bits as in
+/// Eight Q5_1 blocks, in the [`NARROW`] layout: the low four bits as in
 /// [`PackedQ4K`], bit 4 in bit planes as in [`PackedQ5_0Planes`]; value = `d * q + m`, one `d`
 /// and one `m` per 32 values.
 #[derive(Clone)]
@@ -393,48 +377,12 @@ halves! {
     HalfQ5_0Planes of PackedQ5_0Planes, NARROW { scales: d; lanes: qs: 64, qh: 16 }
     /// Lanes 0-3 of a [`PackedQ8_0`] in the [`NARROW`] layout.
     HalfQ8_0 of PackedQ8_0<NARROW>, NARROW { scales: d; lanes: qs: 128 }
-    /// Lanes 0-7 of a [`PackedQ8_0`] in the [`WIDE`] layout.
-    HalfQ8_0Wide of PackedQ8_0<WIDE>, WIDE { scales: d; lanes: qs: 128 }
     /// Lanes 0-3 of a [`PackedQ4_0`] in the [`NARROW`] layout.
     HalfQ4_0 of PackedQ4_0<NARROW>, NARROW { scales: d; lanes: qs: 64 }
     /// Lanes 0-3 of a [`PackedQ4_1`] in the [`NARROW`] layout.
     HalfQ4_1 of PackedQ4_1<NARROW>, NARROW { scales: d, m; lanes: qs: 64 }
     /// Lanes 0-3 of a [`PackedQ5_1Planes`].
     HalfQ5_1Planes of PackedQ5_1Planes, NARROW { scales: d, m; lanes: qs: 64, qh: 16 }
-}
-
-/// Lanes 0-7 of a [`PackedQ5_0`] (the [`WIDE`] layout): bit 4 of those lanes' values is the
-/// low 32 bits of each vector's mask.
-#[derive(Clone)]
-#[repr(C)]
-pub struct HalfQ5_0 {
-    pub(super) d: [u16; 4],
-    pub(super) qs: [u8; 64],
-    pub(super) qh: [u32; 4],
-}
-
-impl Halves for PackedQ5_0 {
-    type Half = HalfQ5_0;
-    fn low(&self) -> HalfQ5_0 {
-        HalfQ5_0 {
-            d: low_scales(&self.d),
-            qs: low_lanes::<WIDE, _, _>(&self.qs),
-            qh: self.qh.map(|m| m as u32),
-        }
-    }
-    fn widen(h: &HalfQ5_0) -> Self {
-        Self {
-            d: whole_scales(&h.d),
-            qs: whole_lanes::<WIDE, _, _>(&h.qs),
-            qh: h.qh.map(u64::from),
-        }
-    }
-}
-
-impl PackedBlock for HalfQ5_0 {
-    fn dequantize(&self, y: &mut [f32; QK]) {
-        PackedQ5_0::widen(self).dequantize(y)
-    }
 }
 
 /// The values (0..16) of a candle Q4_K block: 64-value chunks, low nibbles then high nibbles.
@@ -461,15 +409,6 @@ fn q5k_values(b: &Q5K) -> Values {
         *out |= ((b.qh[v % 32] >> (v / 32)) & 1) << 4;
     }
     out
-}
-
-/// Bit 4 of each value, as one mask per `V`-byte vector (bit `byte` of mask `z`).
-fn high_masks(values: &Values) -> [u64; 4] {
-    std::array::from_fn(|z| {
-        (0..WIDE).fold(0, |h, byte| {
-            h | ((values[value_at::<WIDE>(z, byte)] >> 4) as u64) << byte
-        })
-    })
 }
 
 /// Bit 4 of each value in [`NARROW`] bit planes: bit `z` of byte `i` is that of the value at
@@ -635,15 +574,6 @@ impl<const V: usize, H> PackedQ5K<V, H> {
     }
 }
 
-impl PackedBlock for PackedQ5KWide {
-    fn dequantize(&self, y: &mut [f32; QK]) {
-        self.dequantize_with(y, |v| {
-            let (z, byte) = slot::<WIDE>(v);
-            ((self.qh[z] >> byte) & 1) as u8
-        })
-    }
-}
-
 impl PackedBlock for PackedQ5KPlanes {
     fn dequantize(&self, y: &mut [f32; QK]) {
         self.dequantize_with(y, |v| plane_bit(&self.qh, v))
@@ -676,27 +606,6 @@ impl<const V: usize> PackedBlock for PackedQ6K<V> {
             let high = (self.qh[V * (z / 4) + byte] >> (2 * (z % 4))) & 3;
             let q = unpack_nibble::<V>(&self.ql, v) | (high << 4);
             *y = d * self.scales[v / 16] as f32 * (q as i8 - 32) as f32;
-        }
-    }
-}
-
-impl PackedQ5_0 {
-    fn new(b: [&Q5_0; 8]) -> Self {
-        let values = values8(b, |b| five_bit_values(&b.qs, b.qh));
-        Self {
-            d: b.map(|b| b.d),
-            qs: pack_nibbles::<WIDE>(&values),
-            qh: high_masks(&values),
-        }
-    }
-}
-
-impl PackedBlock for PackedQ5_0 {
-    fn dequantize(&self, y: &mut [f32; QK]) {
-        for (v, y) in y.iter_mut().enumerate() {
-            let (z, byte) = slot::<WIDE>(v);
-            let q = unpack_nibble::<WIDE>(&self.qs, v) | ((((self.qh[z] >> byte) & 1) as u8) << 4);
-            *y = (q as i32 - 16) as f32 * f16_to_f32(self.d[v / 32]);
         }
     }
 }
@@ -804,11 +713,6 @@ pub(super) fn pack_q4k<const V: usize>(blocks: &[BlockQ4K]) -> Rows<PackedQ4K<V>
     Rows::whole(view::<_, Q4K>(blocks).iter().map(PackedQ4K::new).collect())
 }
 
-pub(super) fn pack_q5k(blocks: &[BlockQ5K]) -> Rows<PackedQ5KWide> {
-    let pack = |b| PackedQ5K::new(b, high_masks);
-    Rows::whole(view::<_, Q5K>(blocks).iter().map(pack).collect())
-}
-
 pub(super) fn pack_q5k_planes(blocks: &[BlockQ5K]) -> Rows<PackedQ5KPlanes> {
     let pack = |b| PackedQ5K::new(b, high_planes);
     Rows::whole(view::<_, Q5K>(blocks).iter().map(pack).collect())
@@ -851,14 +755,6 @@ fn pack_per32<C, T, P: Halves + Clone>(
     pack: impl Fn([&T; 8]) -> P,
 ) -> Rows<P, P::Half> {
     split_tails(pack_groups(view(blocks), cols, zero, pack), cols)
-}
-
-pub(super) fn pack_q5_0(blocks: &[BlockQ5_0], cols: usize) -> Rows<PackedQ5_0, HalfQ5_0> {
-    pack_per32(blocks, cols, &Q5_0_ZERO, PackedQ5_0::new)
-}
-
-pub(super) fn pack_q8_0(blocks: &[BlockQ8_0], cols: usize) -> Rows<PackedQ8_0<WIDE>, HalfQ8_0Wide> {
-    pack_per32(blocks, cols, &Q8_0_ZERO, PackedQ8_0::new)
 }
 
 pub(super) fn pack_q5_0_planes(

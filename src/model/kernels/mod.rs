@@ -4,9 +4,10 @@
 //! every weight block once and then run it against all rows, so extra rows cost only their own
 //! multiply-adds, not another pass over the weights (which is what a one-token decode is bound
 //! by). The weights are repacked at load time into the layout of the family that multiplies
-//! them ([`layout`]): AVX-512 VNNI ([`avx512`], Q4_K, Q5_K, Q6_K, Q5_0, Q8_0, on 64-byte
-//! vectors; Q4_K in AVX2's layout, two blocks a 64-byte vector) and AVX2 with FMA and F16C ([`avx2`], the same five plus Q4_0, Q4_1 and Q5_1, on
-//! 32-byte vectors; on an AVX-512 machine it also runs the formats the AVX-512 family lacks).
+//! them ([`layout`]): AVX-512 VNNI ([`avx512`], Q4_K, Q5_K, Q6_K, Q5_0, Q8_0 and Q5_1 on
+//! 64-byte vectors: Q6_K in a layout of its own, the others in AVX2's, two blocks a vector)
+//! and AVX2 with FMA and F16C ([`avx2`], the same six plus Q4_0 and Q4_1, on 32-byte vectors;
+//! on an AVX-512 machine it also runs Q4_0 and Q4_1).
 //! AVX-VNNI runs AVX2's layout with `vpdpbusd` for its products, to the same bits.
 //!
 //! Row independence is by construction in all: for each (weight row, activation row) pair
@@ -138,21 +139,18 @@ pub struct Packed {
     kernels: Kernels,
 }
 
-/// Repacked blocks, by format and layout: AVX-512's ([`WIDE`]) or AVX2's ([`NARROW`]; the
-/// AVX-512 kernels take Q4_K in it too, two blocks a step).
+/// Repacked blocks, by format and layout: Q6_K for the AVX-512 kernels in [`WIDE`], everything
+/// else in [`NARROW`] (which the AVX-512 kernels take two blocks a step).
 enum Blocks {
-    Q5K(Rows<layout::PackedQ5KWide>),
-    Q6K(Rows<layout::PackedQ6K<WIDE>>),
-    Q5_0(Rows<layout::PackedQ5_0, layout::HalfQ5_0>),
-    Q8_0(Rows<layout::PackedQ8_0<WIDE>, layout::HalfQ8_0Wide>),
+    Q6KWide(Rows<layout::PackedQ6K<WIDE>>),
     Q4K(Rows<layout::PackedQ4K<NARROW>>),
-    Q5KPlanes(Rows<layout::PackedQ5KPlanes>),
-    Q6KNarrow(Rows<layout::PackedQ6K<NARROW>>),
-    Q5_0Planes(Rows<layout::PackedQ5_0Planes, layout::HalfQ5_0Planes>),
-    Q8_0Narrow(Rows<layout::PackedQ8_0<NARROW>, layout::HalfQ8_0>),
+    Q5K(Rows<layout::PackedQ5KPlanes>),
+    Q6K(Rows<layout::PackedQ6K<NARROW>>),
+    Q5_0(Rows<layout::PackedQ5_0Planes, layout::HalfQ5_0Planes>),
+    Q8_0(Rows<layout::PackedQ8_0<NARROW>, layout::HalfQ8_0>),
     Q4_0(Rows<layout::PackedQ4_0<NARROW>, layout::HalfQ4_0>),
     Q4_1(Rows<layout::PackedQ4_1<NARROW>, layout::HalfQ4_1>),
-    Q5_1Planes(Rows<layout::PackedQ5_1Planes, layout::HalfQ5_1Planes>),
+    Q5_1(Rows<layout::PackedQ5_1Planes, layout::HalfQ5_1Planes>),
 }
 
 /// `$f` over the packed rows `$b` of `$blocks`, whatever their format. `$f` is pasted into
@@ -174,8 +172,8 @@ macro_rules! each_format {
     };
     ($blocks:expr, |$b:ident, $variant:ident, $same:ident| $f:expr) => {
         each_format!(@ $blocks, $b, $variant, $same, $f;
-            Q5K, Q6K, Q5_0, Q8_0, Q4K, Q5KPlanes, Q6KNarrow, Q5_0Planes, Q8_0Narrow,
-            Q4_0, Q4_1, Q5_1Planes)
+            Q6KWide, Q4K, Q5K, Q6K, Q5_0, Q8_0,
+            Q4_0, Q4_1, Q5_1)
     };
 }
 
@@ -206,21 +204,18 @@ impl Packed {
             kernels != Kernels::Portable,
             "the portable path does not repack"
         );
-        // The formats AVX-512 multiplies in its layout take it; everything else AVX2's.
-        let wide = kernels == Kernels::Avx512;
+        // Q6_K, whose scales are per 16 values, takes AVX-512's layout under its kernels;
+        // everything else AVX2's.
         let blocks = match source {
-            Source::Q5K(b) if wide => Blocks::Q5K(layout::pack_q5k(b)),
-            Source::Q6K(b) if wide => Blocks::Q6K(layout::pack_q6k(b)),
-            Source::Q5_0(b) if wide => Blocks::Q5_0(layout::pack_q5_0(b, cols)),
-            Source::Q8_0(b) if wide => Blocks::Q8_0(layout::pack_q8_0(b, cols)),
+            Source::Q6K(b) if kernels == Kernels::Avx512 => Blocks::Q6KWide(layout::pack_q6k(b)),
             Source::Q4K(b) => Blocks::Q4K(layout::pack_q4k(b)),
-            Source::Q5K(b) => Blocks::Q5KPlanes(layout::pack_q5k_planes(b)),
-            Source::Q6K(b) => Blocks::Q6KNarrow(layout::pack_q6k(b)),
-            Source::Q5_0(b) => Blocks::Q5_0Planes(layout::pack_q5_0_planes(b, cols)),
-            Source::Q8_0(b) => Blocks::Q8_0Narrow(layout::pack_q8_0_narrow(b, cols)),
+            Source::Q5K(b) => Blocks::Q5K(layout::pack_q5k_planes(b)),
+            Source::Q6K(b) => Blocks::Q6K(layout::pack_q6k(b)),
+            Source::Q5_0(b) => Blocks::Q5_0(layout::pack_q5_0_planes(b, cols)),
+            Source::Q8_0(b) => Blocks::Q8_0(layout::pack_q8_0_narrow(b, cols)),
             Source::Q4_0(b) => Blocks::Q4_0(layout::pack_q4_0(b, cols)),
             Source::Q4_1(b) => Blocks::Q4_1(layout::pack_q4_1(b, cols)),
-            Source::Q5_1(b) => Blocks::Q5_1Planes(layout::pack_q5_1(b, cols)),
+            Source::Q5_1(b) => Blocks::Q5_1(layout::pack_q5_1(b, cols)),
         };
         Self { blocks, kernels }
     }
@@ -234,13 +229,13 @@ impl Packed {
     pub fn dtype(&self) -> GgmlDType {
         match &self.blocks {
             Blocks::Q4K(_) => GgmlDType::Q4K,
-            Blocks::Q5K(_) | Blocks::Q5KPlanes(_) => GgmlDType::Q5K,
-            Blocks::Q6K(_) | Blocks::Q6KNarrow(_) => GgmlDType::Q6K,
-            Blocks::Q5_0(_) | Blocks::Q5_0Planes(_) => GgmlDType::Q5_0,
-            Blocks::Q8_0(_) | Blocks::Q8_0Narrow(_) => GgmlDType::Q8_0,
+            Blocks::Q5K(_) => GgmlDType::Q5K,
+            Blocks::Q6K(_) | Blocks::Q6KWide(_) => GgmlDType::Q6K,
+            Blocks::Q5_0(_) => GgmlDType::Q5_0,
+            Blocks::Q8_0(_) => GgmlDType::Q8_0,
             Blocks::Q4_0(_) => GgmlDType::Q4_0,
             Blocks::Q4_1(_) => GgmlDType::Q4_1,
-            Blocks::Q5_1Planes(_) => GgmlDType::Q5_1,
+            Blocks::Q5_1(_) => GgmlDType::Q5_1,
         }
     }
 
@@ -282,8 +277,7 @@ impl Packed {
         }
     }
 
-    /// `dst[m x n] = lhs[m x k] x Wᵀ` for `n` weight rows of `k` values (on an AVX-512 machine,
-    /// the formats the AVX-512 kernels lack run on AVX2's layout with AVX-512's `vpdpbusd`).
+    /// `dst[m x n] = lhs[m x k] x Wᵀ` for `n` weight rows of `k` values.
     ///
     /// Panics if the slices are shorter than the shape says.
     pub fn matmul(&self, mkn: (usize, usize, usize), lhs: &[f32], dst: &mut [f32]) {
@@ -294,9 +288,12 @@ impl Packed {
         // family's products are those it was detected for. The kernels check the lengths.
         unsafe {
             assert!(self.kernels.runs_here());
-            // AVX2's layout, multiplied with `vpdpbusd` where the family has it: the same bits
-            // in fewer instructions. The AVX-512 family runs the formats it lacks (Q4_0, Q4_1,
-            // Q5_1) with the EVEX form every AVX-512 VNNI CPU has.
+            // AVX2's kernels, with `vpdpbusd` where the family has it: the same bits in fewer
+            // instructions. The AVX-512 family runs Q4_0 and Q4_1 with them, in the EVEX form
+            // every AVX-512 VNNI CPU has: on AMD Zen 4, Q4_1 in the AVX-512 kernels' two-block
+            // steps took 10-65% longer per product at 1-4 rows (`kernel_timing`; the same at
+            // 8), and Q4_0 longer at 1-2, where a decode step spends its time (Q4_1 is a small
+            // drafter's format: SmolLM2).
             macro_rules! narrow {
                 ($b:expr) => {
                     match self.kernels {
@@ -312,22 +309,28 @@ impl Packed {
                     }
                 };
             }
+            // The AVX-512 kernels, two blocks of AVX2's layout a step.
+            macro_rules! two_blocks {
+                ($b:expr) => {
+                    avx512::matmul_two_blocks(&$b.blocks, &$b.tails, mkn, lhs, dst)
+                };
+            }
+            let avx512 = self.kernels == Kernels::Avx512;
             match &self.blocks {
-                Blocks::Q4K(b) if self.kernels == Kernels::Avx512 => {
-                    avx512::matmul_q4k_two_blocks(&b.blocks, mkn, lhs, dst)
-                }
-                Blocks::Q5K(b) => avx512::matmul(&b.blocks, &b.tails, mkn, lhs, dst),
-                Blocks::Q6K(b) => avx512::matmul(&b.blocks, &b.tails, mkn, lhs, dst),
-                Blocks::Q5_0(b) => avx512::matmul(&b.blocks, &b.tails, mkn, lhs, dst),
-                Blocks::Q8_0(b) => avx512::matmul(&b.blocks, &b.tails, mkn, lhs, dst),
+                Blocks::Q6KWide(b) => avx512::matmul_q6k(&b.blocks, mkn, lhs, dst),
+                Blocks::Q4K(b) if avx512 => two_blocks!(b),
+                Blocks::Q5K(b) if avx512 => two_blocks!(b),
+                Blocks::Q5_0(b) if avx512 => two_blocks!(b),
+                Blocks::Q8_0(b) if avx512 => two_blocks!(b),
+                Blocks::Q5_1(b) if avx512 => two_blocks!(b),
                 Blocks::Q4K(b) => narrow!(b),
-                Blocks::Q5KPlanes(b) => narrow!(b),
-                Blocks::Q6KNarrow(b) => narrow!(b),
-                Blocks::Q5_0Planes(b) => narrow!(b),
-                Blocks::Q8_0Narrow(b) => narrow!(b),
+                Blocks::Q5K(b) => narrow!(b),
+                Blocks::Q6K(b) => narrow!(b),
+                Blocks::Q5_0(b) => narrow!(b),
+                Blocks::Q8_0(b) => narrow!(b),
                 Blocks::Q4_0(b) => narrow!(b),
                 Blocks::Q4_1(b) => narrow!(b),
-                Blocks::Q5_1Planes(b) => narrow!(b),
+                Blocks::Q5_1(b) => narrow!(b),
             }
         }
     }

@@ -605,7 +605,7 @@ fn the_avx2_orders_and_vnni_give_the_same_bits() {
         }
         // SAFETY: the caller checked that the CPU runs AVX2 and `P`'s products; the kernels
         // check the lengths.
-        unsafe { run!(Q4K, Q5KPlanes, Q6KNarrow, Q5_0Planes, Q8_0Narrow, Q4_0, Q4_1, Q5_1Planes) };
+        unsafe { run!(Q4K, Q5K, Q6K, Q5_0, Q8_0, Q4_0, Q4_1, Q5_1) };
         dst.iter().map(|v| v.to_bits()).collect()
     }
     /// [`bits`] half by half, then row by row.
