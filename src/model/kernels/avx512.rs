@@ -2,12 +2,12 @@
 //!
 //! A kernel goes through a weight row a step of `Z` value vectors at a time: for Q6_K (one
 //! scale per 16 values) one 256-value block in a layout of its own (four vectors, a 16-value
-//! group per lane), for Q4_K, Q5_K, Q5_0, Q5_1 and Q8_0 (one scale per 32) two blocks of
+//! group per lane), for Q4_K, Q5_K, Q5_0 and Q8_0 (one scale per 32) two blocks of
 //! AVX2's layout side by side (eight vectors, a 32-value group per lane, [`TwoBlocks`]). Per
 //! step and activation row: `Z` `vpdpbusd`, one conversion, a multiply and a fused
 //! multiply-add, with the scales applied per 32-bit lane after the integer sums, so steps of
 //! two blocks take half the float work per block. Formats stored plus a constant start their
-//! integer sums from minus its products (exact, and free); the mins of Q4_K, Q5_K and Q5_1
+//! integer sums from minus its products (exact, and free); the mins of Q4_K and Q5_K
 //! take a second fused multiply-add. Weight blocks are unpacked once for all
 //! activation rows; from 9 activation rows, or when they outgrow L1 ([`in_pairs`]), weight rows
 //! go in pairs so that each activation vector is loaded once for both, and activation rows that
@@ -15,8 +15,8 @@
 //! per tile of weight rows rather than once per weight row.
 
 use super::layout::{
-    f16_to_f32, HalfQ5_0Planes, HalfQ5_1Planes, HalfQ8_0, PackedQ4K, PackedQ5KPlanes,
-    PackedQ5_0Planes, PackedQ5_1Planes, PackedQ6K, PackedQ8_0, NARROW, QK, WIDE,
+    f16_to_f32, HalfQ5_0Planes, HalfQ8_0, PackedQ4K, PackedQ5KPlanes, PackedQ5_0Planes, PackedQ6K,
+    PackedQ8_0, NARROW, QK, WIDE,
 };
 use super::{for_each_output, Part, Tile, Weights, CHUNK, MAX_ROWS};
 use std::arch::x86_64::*;
@@ -143,8 +143,7 @@ impl Steps<4> for Weights<'_, PackedQ6K<WIDE>, PackedQ6K<WIDE>> {
 /// (`kernel_timing`, AMD EPYC Zen 4, interleaved), the 1,536-wide products of Q4_K took 13-18%
 /// less time per product at 8 rows and 6-16% less at one row, Q5_K's 12% and 11%, and the
 /// 896-wide ones of Q5_0 11% and 2%; Q8_0's 896-wide ones took 5-13% less from 8 rows but
-/// 10-13% more at one row held in L3 (17% less streaming from memory, as a decode does); Q5_1's
-/// 6-11% less at 8 rows than AVX2's kernels with 32-byte `vpdpbusd`, the same at one. A row
+/// 10-13% more at one row held in L3 (17% less streaming from memory, as a decode does). A row
 /// of an odd number of blocks ends on a step of one, its high halves zero; a row's half-size
 /// last block ([`Rows`](super::layout::Rows)) fills the low quarter of each vector of its
 /// half.
@@ -354,8 +353,6 @@ per32_parts! {
     HalfQ5_0Planes: 16, load16, scales4, [qh], [];
     PackedQ8_0<NARROW>: 32, load32, scales8, [], [];
     HalfQ8_0: 16, load16, scales4, [], [];
-    PackedQ5_1Planes: 32, load32, scales8, [qh], [m];
-    HalfQ5_1Planes: 16, load16, scales4, [qh], [m];
 }
 
 /// [`TwoBlock`] for `$t`, stored plus `2^$offset` if that is not `None`, its vectors made by
@@ -378,7 +375,6 @@ two_block! {
     PackedQ5KPlanes: None, planes_vectors;
     PackedQ5_0Planes: Some(4), planes_vectors;
     PackedQ8_0<NARROW>: Some(7), std::array::from_fn;
-    PackedQ5_1Planes: None, planes_vectors;
 }
 
 /// The value vectors of five-bit formats in AVX2's layout: nibbles in pieces 0-3 and bit 4 in

@@ -4,10 +4,10 @@
 //! every weight block once and then run it against all rows, so extra rows cost only their own
 //! multiply-adds, not another pass over the weights (which is what a one-token decode is bound
 //! by). The weights are repacked at load time into the layout of the family that multiplies
-//! them ([`layout`]): AVX-512 VNNI ([`avx512`], Q4_K, Q5_K, Q6_K, Q5_0, Q8_0 and Q5_1 on
-//! 64-byte vectors: Q6_K in a layout of its own, the others in AVX2's, two blocks a vector)
-//! and AVX2 with FMA and F16C ([`avx2`], the same six plus Q4_0 and Q4_1, on 32-byte vectors;
-//! on an AVX-512 machine it also runs Q4_0 and Q4_1).
+//! them ([`layout`]): AVX-512 VNNI ([`avx512`], Q4_K, Q5_K, Q6_K, Q5_0 and Q8_0 on 64-byte
+//! vectors: Q6_K in a layout of its own, the others in AVX2's, two blocks a vector) and AVX2
+//! with FMA and F16C ([`avx2`], the same five plus Q4_0, Q4_1 and Q5_1, on 32-byte vectors; on
+//! an AVX-512 machine it also runs Q4_0, Q4_1 and Q5_1).
 //! AVX-VNNI runs AVX2's layout with `vpdpbusd` for its products, to the same bits.
 //!
 //! Row independence is by construction in all: for each (weight row, activation row) pair
@@ -289,11 +289,11 @@ impl Packed {
         unsafe {
             assert!(self.kernels.runs_here());
             // AVX2's kernels, with `vpdpbusd` where the family has it: the same bits in fewer
-            // instructions. The AVX-512 family runs Q4_0 and Q4_1 with them, in the EVEX form
-            // every AVX-512 VNNI CPU has: on AMD Zen 4, Q4_1 in the AVX-512 kernels' two-block
-            // steps took 10-65% longer per product at 1-4 rows (`kernel_timing`; the same at
-            // 8), and Q4_0 longer at 1-2, where a decode step spends its time (Q4_1 is a small
-            // drafter's format: SmolLM2).
+            // instructions. The AVX-512 family runs Q4_0, Q4_1 and Q5_1 with them, in the EVEX
+            // form every AVX-512 VNNI CPU has: they quantize activations per 32 values, as the
+            // weights' scales are (the AVX-512 kernels per 256), and on AMD Zen 4 Q4_1 in the
+            // AVX-512 kernels' two-block steps took 10-65% longer per product at 1-4 rows
+            // (`kernel_timing`; the same at 8), where a decode step spends its time.
             macro_rules! narrow {
                 ($b:expr) => {
                     match self.kernels {
@@ -322,7 +322,6 @@ impl Packed {
                 Blocks::Q5K(b) if avx512 => two_blocks!(b),
                 Blocks::Q5_0(b) if avx512 => two_blocks!(b),
                 Blocks::Q8_0(b) if avx512 => two_blocks!(b),
-                Blocks::Q5_1(b) if avx512 => two_blocks!(b),
                 Blocks::Q4K(b) => narrow!(b),
                 Blocks::Q5K(b) => narrow!(b),
                 Blocks::Q6K(b) => narrow!(b),
