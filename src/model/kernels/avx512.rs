@@ -211,10 +211,10 @@ impl<B: TwoBlock, H: NarrowPart> Steps<8> for TwoBlocks<'_, B, H> {
         let first = self.0.block(j, 2 * s);
         let second = (2 * s + 1 < self.blocks()).then(|| self.0.block(j, 2 * s + 1));
         let w = B::vectors(|i| {
-            let low = _mm512_castsi256_si512(piece_of(&first, i));
+            let low = piece_of(&first, i);
             match &second {
-                Some(x) => _mm512_inserti64x4::<1>(low, piece_of(x, i)),
-                None => low,
+                Some(x) => _mm512_inserti64x4::<1>(_mm512_castsi256_si512(low), piece_of(x, i)),
+                None => _mm512_zextsi256_si512(low),
             }
         });
         let [(s0, o0), (s1, o1)] = [Some(&first), second.as_ref()].map(|x| match x {
@@ -483,7 +483,7 @@ impl<const Z: usize> Acts<Z> {
             return;
         }
         let iscale = _mm512_set1_ps(127.0 / amax);
-        // Values 16g..16g + 16 go to lane 16i + 16g / 4Z of the vectors from 16g % 4Z / 4 on,
+        // Values 16g..16g + 16 go to lane own.start + 16g / 4Z of the vectors from 16g % 4Z / 4 on,
         // 4 bytes in each.
         let mut sums = [0i32; 16];
         for g in 0..16 {
