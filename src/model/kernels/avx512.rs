@@ -718,8 +718,25 @@ unsafe fn step_dot<const Z: usize>(
         Some(_) => _mm512_load_si512(a.sums.as_ptr() as *const _),
         None => _mm512_setzero_si512(),
     };
-    for (wv, av) in wv.iter().zip(av) {
-        s = _mm512_dpbusd_epi32(s, *wv, *av);
+    // Steps of two blocks run two chains of four `vpdpbusd` rather than one of eight, added at
+    // the end (the same sum: integer addition is exact): with few activation rows a chain's
+    // latency, not the pipes, bounds a step. Q4_K, Q5_0 and Q8_0 took 1-6% less time per
+    // product at 1-2 rows and up to 3% less at 4-8 (`kernel_timing`, AMD EPYC Zen 4,
+    // interleaved); Q6_K's chains of four gained nothing from halves.
+    match Z {
+        8 => {
+            let mut t = _mm512_setzero_si512();
+            for z in (0..Z).step_by(2) {
+                s = _mm512_dpbusd_epi32(s, wv[z], av[z]);
+                t = _mm512_dpbusd_epi32(t, wv[z + 1], av[z + 1]);
+            }
+            s = _mm512_add_epi32(s, t);
+        }
+        _ => {
+            for (wv, av) in wv.iter().zip(av) {
+                s = _mm512_dpbusd_epi32(s, *wv, *av);
+            }
+        }
     }
     // Lane sums are below 2^24, so the conversion is exact.
     let scaled = _mm512_mul_ps(*scale, _mm512_load_ps(a.d.as_ptr()));
