@@ -2,21 +2,21 @@
 //!
 //! A kernel goes through a weight row a step of `Z` value vectors at a time: for Q6_K (one
 //! scale per 16 values) one 256-value block in a layout of its own (four vectors, a 16-value
-//! group per lane), for Q4_K, Q5_K, Q5_0 and Q8_0 (one scale per 32) two blocks of
-//! AVX2's layout side by side (eight vectors, a 32-value group per lane, [`TwoBlocks`]). Per
-//! step and activation row: `Z` `vpdpbusd`, one conversion, a multiply and a fused
-//! multiply-add, with the scales applied per 32-bit lane after the integer sums, so steps of
-//! two blocks take half the float work per block. Formats stored plus a constant start their
-//! integer sums from minus its products (exact, and free); the mins of Q4_K and Q5_K
-//! take a second fused multiply-add. Weight blocks are unpacked once for all
-//! activation rows; from 9 activation rows, or when they outgrow L1 ([`in_pairs`]), weight rows
-//! go in pairs so that each activation vector is loaded once for both, and activation rows that
-//! outgrow L1 are taken a span of blocks at a time ([`span`]), so that they come from L2 once
-//! per tile of weight rows rather than once per weight row.
+//! group per lane), for Q4_K, Q5_K, Q5_0 and Q8_0 (one scale per 32) two blocks of AVX2's
+//! layout side by side (eight vectors, a 32-value group per lane, [`TwoBlocks`]). Per step and
+//! activation row: `Z` `vpdpbusd`, one conversion, a multiply and a fused multiply-add, with
+//! the scales applied per 32-bit lane after the integer sums, so steps of two blocks take half
+//! the float work per block. Formats stored plus a constant start their integer sums from
+//! minus its products (exact, and free); the mins of Q4_K and Q5_K take a second fused
+//! multiply-add. Weight blocks are unpacked once for all activation rows. Weight rows go in
+//! pairs, so that each activation vector is loaded once for both, from 9 activation rows, and
+//! for Q6_K also from 2 when the rows outgrow L1 ([`in_pairs`]); activation rows that outgrow
+//! L1 are taken a span of steps at a time ([`span`]), so that they come from L2 once per tile
+//! of weight rows rather than once per weight row.
 
 use super::layout::{
     f16_to_f32, HalfQ5_0Planes, HalfQ8_0, PackedQ4K, PackedQ5KPlanes, PackedQ5_0Planes, PackedQ6K,
-    PackedQ8_0, NARROW, QK, WIDE,
+    PackedQ8_0, Rows, NARROW, QK, WIDE,
 };
 use super::{for_each_output, Part, Tile, Weights, CHUNK, MAX_ROWS};
 use std::arch::x86_64::*;
@@ -46,22 +46,21 @@ pub(super) unsafe fn matmul_q6k(
     matmul_steps::<_, 4>(&Weights::new(w, &[], kb), kb, mkn, lhs, dst)
 }
 
-/// `dst[m x n] = lhs[m x k] x Wᵀ` for `n` weight rows of `k.div_ceil(256)` blocks each in
-/// AVX2's layout, taken two at a time ([`TwoBlocks`]): all in `w`, or (if `tails` is not
-/// empty) all but the last in `w` and the last, in half size, in `tails` (`Rows` in the
-/// layout module).
+/// `dst[m x n] = lhs[m x k] x Wᵀ` for the `n` weight rows of `w`, `k.div_ceil(256)` blocks
+/// each in AVX2's layout (a row's half-size last block in `w.tails`), taken two at a time
+/// ([`TwoBlocks`]).
 ///
 /// # Safety
 /// As [`matmul_q6k`].
 pub(super) unsafe fn matmul_two_blocks<B: TwoBlock + Sync, H: NarrowPart + Sync>(
-    w: &[B],
-    tails: &[H],
+    w: &Rows<B, H>,
     mkn: (usize, usize, usize),
     lhs: &[f32],
     dst: &mut [f32],
 ) {
     let kb = mkn.1.div_ceil(QK);
-    matmul_steps::<_, 8>(&TwoBlocks(Weights::new(w, tails, kb)), kb, mkn, lhs, dst)
+    let steps = TwoBlocks(Weights::new(&w.blocks, &w.tails, kb));
+    matmul_steps::<_, 8>(&steps, kb, mkn, lhs, dst)
 }
 
 /// `dst[m x n] = lhs[m x k] x Wᵀ` for the `n` weight rows of `w`, `kb` blocks each, `Z / 4`
@@ -671,7 +670,9 @@ unsafe fn packed_tile<W: Steps<Z>, const Z: usize>(
     // accumulators in memory). The copies are not inlined here: inlined, Q4_K at 2-4 rows
     // took 14-20% longer (`kernel_timing`, AMD EPYC Zen 5). Whole rows go through copies
     // without spans (`S` false), whose code has nothing of them. (Pairs of 2-8 rows come only
-    // beyond L1, so in spans: `two_rows::<false, 2..=8>` is compiled but not called.)
+    // for Q6_K beyond L1, so in spans, and steps of two blocks go in pairs only from 9 rows:
+    // their `two_rows` copies for 2-8 rows, and Q6_K's without spans, are compiled but not
+    // called.)
     for ss in (0..ks).step_by(span).map(|s| s..ks.min(s + span)) {
         let mut i = 0;
         while i < js.len() {

@@ -6,16 +6,16 @@
 //! values form one lane's group. Every format has a layout of 32-byte vectors ([`NARROW`]): a
 //! lane is a 32-value group, so AVX2's 16-bit products of a lane's eight vectors can be summed
 //! before one widening per block (Q6_K, with one scale per 16 values, keeps its two halves
-//! apart: vectors 0-3 hold the first 16 values of each lane, 4-7 the second), and the AVX-512
-//! kernels read most formats two blocks side by side in each 64-byte vector, one scale a lane. Q6_K has a
-//! layout of 64-byte vectors ([`WIDE`]) too, for AVX-512: a lane is a 16-value group, its
-//! scale group. A kernel sums integer products per lane and applies the scales after. Formats with
-//! 32-value blocks (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0) are gathered eight blocks at a time, their rows
-//! padded with zero blocks to a multiple of 256 values. A row whose last 256 values hold at
-//! most 128 (896 = 3.5 x 256 in Qwen2.5 0.5B, 576 and 640 in other small models) keeps that
-//! block apart in half size ([`Halves`], [`Rows`]): its padding is the second half of every
-//! vector (lanes 4-7 of a 32-byte one, 8-15 of a 64-byte one), which is then neither stored
-//! nor read.
+//! apart: vectors 0-3 hold the first 16 values of each lane, 4-7 the second). The AVX-512
+//! kernels read most formats in it too, two blocks side by side in each 64-byte vector, one
+//! scale a lane; Q6_K has a layout of 64-byte vectors ([`WIDE`]) for them, a lane being a
+//! 16-value group, its scale group. A kernel sums integer products per lane and applies the
+//! scales after. Formats with 32-value blocks (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0) are gathered
+//! eight blocks at a time, their rows padded with zero blocks to a multiple of 256 values. A
+//! row whose last 256 values hold at most 128 (896 = 3.5 x 256 in Qwen2.5 0.5B, 576 and 640
+//! in other small models) keeps that block apart in half size ([`Halves`], [`Rows`]): its
+//! padding is the second half of every 32-byte vector (lanes 4-7), which is then neither
+//! stored nor read.
 //!
 //! Everything here is portable code: packing, and dequantizing (bit for bit as candle does,
 //! which the tests check), used for embedding lookups and the references.
@@ -207,8 +207,8 @@ pub struct PackedQ5_1Planes {
     pub(super) qh: [u8; 32],
 }
 
-/// The first half of every `V`-byte vector in `x` (lanes 0-3 of a 32-byte vector, 0-7 of a
-/// 64-byte one): a block's half that [`Halves`] keeps.
+/// The first half of every `V`-byte vector in `x` (lanes 0-3 of a 32-byte vector): a block's
+/// half that [`Halves`] keeps.
 fn low_lanes<const V: usize, const N: usize, const H: usize>(x: &[u8; N]) -> [u8; H] {
     const { assert!(2 * H == N && N.is_multiple_of(V)) };
     std::array::from_fn(|i| x[V * (i / (V / 2)) + i % (V / 2)])
@@ -234,9 +234,9 @@ fn whole_scales(d: &[u16; 4]) -> [u16; 8] {
 }
 
 /// A block of a per-32 format whose first half (its first four 32-value blocks: lanes 0-3 of
-/// a 32-byte vector, 0-7 of a 64-byte one) can be stored alone: the last block of a row whose
-/// last 256 values hold at most 128, where the second half is padding, with zero scales,
-/// facing zero activations. The kernels read such a half with half-width loads that zero the
+/// each 32-byte vector) can be stored alone: the last block of a row whose last 256 values
+/// hold at most 128, where the second half is padding, with zero scales, facing zero
+/// activations. The kernels read such a half with half-width loads that zero the
 /// second half, scales included; the weights read there differ from the padding's (Q8_0's are
 /// stored plus 128) but meet zero activations, so every product and sum comes out as the
 /// padded block's did, bit for bit.

@@ -312,7 +312,7 @@ impl Packed {
             // The AVX-512 kernels, two blocks of AVX2's layout a step.
             macro_rules! two_blocks {
                 ($b:expr) => {
-                    avx512::matmul_two_blocks(&$b.blocks, &$b.tails, mkn, lhs, dst)
+                    avx512::matmul_two_blocks($b, mkn, lhs, dst)
                 };
             }
             let avx512 = self.kernels == Kernels::Avx512;

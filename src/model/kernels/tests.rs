@@ -257,10 +257,10 @@ fn check<T: GgmlType>(pack: Pack<T>, k: usize, candle_tol: Option<f32>) {
 
 #[test]
 fn q4k_kernels_match_references() {
-    // 12 blocks: on AVX2, 19 rows reduce in three slabs, fewer rows in one; on AVX-512, tiles of
-    // 8 rows and more go in weight-row pairs (`in_pairs`: they outgrow L1) and in spans of
-    // blocks (`span`: 6, then 4 at 16 rows), fewer rows one by one. 35 blocks (the 1.5B's
-    // `down`): pairs and spans from 3 rows; 44 blocks: both from 2.
+    // 12 blocks: on AVX2, 19 rows reduce in three slabs, fewer rows in one; on AVX-512 (two
+    // blocks a step), 6-10 rows go in spans of 3 steps (`span`) and from 9 rows weight rows
+    // go in pairs (`in_pairs`). 35 blocks (the 1.5B's `down`: 17 steps of two blocks, then one
+    // of one): spans from 2 rows; 44 blocks: spans from 2 rows, of 11 steps down to 3.
     check(Q4K, 3072, Some(1e-4));
     check(Q4K, 8960, Some(1e-4));
     check(Q4K, 11264, Some(1e-4));
@@ -269,10 +269,12 @@ fn q4k_kernels_match_references() {
 #[test]
 fn q5k_kernels_match_references() {
     check(Q5K, 3072, Some(1e-4));
+    check(Q5K, 8960, Some(1e-4)); // an odd number of blocks: AVX-512 ends on a step of one
 }
 
 #[test]
 fn q6k_kernels_match_references() {
+    // On AVX-512 (a block a step): 12 blocks go in pairs and spans from 8 rows, 35 from 3.
     check(Q6K, 3072, Some(1e-4));
     check(Q6K, 8960, Some(1e-4));
 }
@@ -283,6 +285,7 @@ fn check_per32<T: GgmlType>(pack: Pack<T>) {
     check(pack, 448, None); // a last block of 192 values, padded
     check(pack, 1024, None);
     check(pack, 2080, None); // 9 packed blocks: 19 rows reduce in two slabs
+    check(pack, 2304, None); // 9 whole blocks: AVX-512 ends on a step of one whole block
     check(pack, 8992, None); // 36 blocks, the last of 32 values: pairs and spans from 3 rows
 }
 
