@@ -236,10 +236,10 @@ fn whole_scales(d: &[u16; 4]) -> [u16; 8] {
 /// A block of a per-32 format whose first half (its first four 32-value blocks: lanes 0-3 of
 /// each 32-byte vector) can be stored alone: the last block of a row whose last 256 values
 /// hold at most 128, where the second half is padding, with zero scales, facing zero
-/// activations. The kernels read such a half with half-width loads that zero the
-/// second half, scales included; the weights read there differ from the padding's (Q8_0's are
-/// stored plus 128) but meet zero activations, so every product and sum comes out as the
-/// padded block's did, bit for bit.
+/// activations. The kernels read such a half with half-width loads that zero the second half,
+/// scales included; the weights read there differ from the padding's (Q8_0's are stored plus
+/// 128) but meet zero activations, so every product and sum comes out as the padded block's
+/// did, bit for bit.
 pub(super) trait Halves: Sized {
     /// The first half alone.
     type Half;
