@@ -588,7 +588,7 @@ pub(super) struct ScalesQ4K {
     offset: __m256,
 }
 
-impl Block for PackedQ4K<NARROW> {
+impl Block for PackedQ4K {
     type Scales = ScalesQ4K;
 
     #[inline(always)]
@@ -665,12 +665,12 @@ impl Block for PackedQ5KPlanes {
     /// As Q4_K's (lane sums stay below 2^24: 32 * 31 * 127 * 63, so conversions are exact).
     #[inline(always)]
     unsafe fn scaled(s: &ScalesQ4K, ints: __m256i, a: &ActBlock, acc: __m256) -> __m256 {
-        PackedQ4K::<NARROW>::scaled(s, ints, a, acc)
+        PackedQ4K::scaled(s, ints, a, acc)
     }
 
     #[inline(always)]
     unsafe fn scaled_vnni(s: &ScalesQ4K, ints: __m256i, a: &ActBlock, acc: __m256) -> __m256 {
-        PackedQ4K::<NARROW>::scaled_vnni(s, ints, a, acc)
+        PackedQ4K::scaled_vnni(s, ints, a, acc)
     }
 }
 
@@ -933,14 +933,14 @@ per32_blocks! {
     PackedQ5_0Planes, HalfQ5_0Planes: offset 16, min none, wide false,
         |b, L, h| five_bit_vectors::<L>(b.qs.as_ptr(), b.qh.as_ptr(), h),
         |w, a, h| centered(w, a, h);
-    PackedQ8_0<NARROW>, HalfQ8_0: offset 0, min none, wide true,
+    PackedQ8_0, HalfQ8_0: offset 0, min none, wide true,
         |b, L, h| q8_0_vectors::<L>(b.qs.as_ptr(), h),
         |w, a, h| q8_0_half(w, a, h),
         stored |b, L, h| std::array::from_fn(|i| L::vector(b.qs.as_ptr(), 4 * h + i)), offset 128;
-    PackedQ4_0<NARROW>, HalfQ4_0: offset 8, min none, wide false,
+    PackedQ4_0, HalfQ4_0: offset 8, min none, wide false,
         |b, L, h| nibbles::<L>(b.qs.as_ptr(), h),
         |w, a, h| centered(w, a, h);
-    PackedQ4_1<NARROW>, HalfQ4_1: offset 0, min m, wide false,
+    PackedQ4_1, HalfQ4_1: offset 0, min m, wide false,
         |b, L, h| nibbles::<L>(b.qs.as_ptr(), h),
         |w, a, h| products(w, a, 4 * h);
     // Values up to 31 with no offset to take off: four vectors' products fit in 16 bits

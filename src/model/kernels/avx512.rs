@@ -16,7 +16,7 @@
 
 use super::layout::{
     f16_to_f32, HalfQ5_0Planes, HalfQ8_0, PackedQ4K, PackedQ5KPlanes, PackedQ5_0Planes, PackedQ6K,
-    PackedQ8_0, Rows, NARROW, QK, WIDE,
+    PackedQ8_0, Rows, QK, WIDE,
 };
 use super::{for_each_output, Part, Tile, Weights, CHUNK, MAX_ROWS};
 use std::arch::x86_64::*;
@@ -286,7 +286,7 @@ unsafe fn scales4(d: &[u16; 4]) -> __m256 {
     _mm256_zextps128_ps256(_mm_cvtph_ps(_mm_loadl_epi64(d.as_ptr() as *const _)))
 }
 
-impl NarrowPart for PackedQ4K<NARROW> {
+impl NarrowPart for PackedQ4K {
     #[inline(always)]
     unsafe fn piece(&self, i: usize) -> __m256i {
         load32(self.qs.as_ptr().add(32 * i))
@@ -350,7 +350,7 @@ macro_rules! per32_parts {
 per32_parts! {
     PackedQ5_0Planes: 32, load32, scales8, [qh], [];
     HalfQ5_0Planes: 16, load16, scales4, [qh], [];
-    PackedQ8_0<NARROW>: 32, load32, scales8, [], [];
+    PackedQ8_0: 32, load32, scales8, [], [];
     HalfQ8_0: 16, load16, scales4, [], [];
 }
 
@@ -370,10 +370,10 @@ macro_rules! two_block {
 }
 
 two_block! {
-    PackedQ4K<NARROW>: None, nibble_vectors;
+    PackedQ4K: None, nibble_vectors;
     PackedQ5KPlanes: None, planes_vectors;
     PackedQ5_0Planes: Some(4), planes_vectors;
-    PackedQ8_0<NARROW>: Some(7), std::array::from_fn;
+    PackedQ8_0: Some(7), std::array::from_fn;
 }
 
 /// The value vectors of five-bit formats in AVX2's layout: nibbles in pieces 0-3 and bit 4 in

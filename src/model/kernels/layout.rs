@@ -120,11 +120,11 @@ const fn value_at<const V: usize>(z: usize, byte: usize) -> usize {
 /// A block's 256 values in order, as stored (plus the format's offset).
 type Values = [u8; QK];
 
-/// A Q4_K block: the nibbles of vector `z` are in `qs[V * (z / 2)..]`, low nibbles for even
-/// `z`, high for odd; one scale and one min per 32 values, unpacked.
+/// A Q4_K block in the [`NARROW`] layout: the nibbles of vector `z` are in `qs[32 * (z / 2)..]`,
+/// low nibbles for even `z`, high for odd; one scale and one min per 32 values, unpacked.
 #[derive(Clone)]
 #[repr(C)]
-pub struct PackedQ4K<const V: usize> {
+pub struct PackedQ4K {
     pub(super) d: u16,
     pub(super) dmin: u16,
     pub(super) scales: [u8; 8],
@@ -135,13 +135,13 @@ pub struct PackedQ4K<const V: usize> {
 /// A Q5_K block: its low four bits, scales and mins as a [`PackedQ4K`], and bit 4 as `H`.
 #[derive(Clone)]
 #[repr(C)]
-pub struct PackedQ5K<const V: usize, H> {
-    pub(super) low: PackedQ4K<V>,
+pub struct PackedQ5K<H> {
+    pub(super) low: PackedQ4K,
     pub(super) qh: H,
 }
 
 /// Q5_K: bit 4 in bit planes (as [`PackedQ5_0Planes`]).
-pub type PackedQ5KPlanes = PackedQ5K<NARROW, [u8; 32]>;
+pub type PackedQ5KPlanes = PackedQ5K<[u8; 32]>;
 
 /// A Q6_K block: the low four bits as in [`PackedQ4K`], bits 4-5 of vector `z` in bits
 /// `2(z % 4)..2(z % 4) + 2` of `qh[V * (z / 4)..]`; values are stored plus 32; one scale per
@@ -167,11 +167,11 @@ pub struct PackedQ5_0Planes {
     pub(super) qh: [u8; 32],
 }
 
-/// Eight Q8_0 blocks, vector `z` in `qs[V * z..]`, values stored plus 128; one scale per 32
-/// values.
+/// Eight Q8_0 blocks in the [`NARROW`] layout, vector `z` in `qs[32 * z..]`, values stored
+/// plus 128; one scale per 32 values.
 #[derive(Clone)]
 #[repr(C)]
-pub struct PackedQ8_0<const V: usize> {
+pub struct PackedQ8_0 {
     pub(super) d: [u16; 8],
     pub(super) qs: [u8; QK],
 }
@@ -180,7 +180,7 @@ pub struct PackedQ8_0<const V: usize> {
 /// 32 values.
 #[derive(Clone)]
 #[repr(C)]
-pub struct PackedQ4_0<const V: usize> {
+pub struct PackedQ4_0 {
     pub(super) d: [u16; 8],
     pub(super) qs: [u8; 128],
 }
@@ -189,7 +189,7 @@ pub struct PackedQ4_0<const V: usize> {
 /// per 32 values.
 #[derive(Clone)]
 #[repr(C)]
-pub struct PackedQ4_1<const V: usize> {
+pub struct PackedQ4_1 {
     pub(super) d: [u16; 8],
     pub(super) m: [u16; 8],
     pub(super) qs: [u8; 128],
@@ -376,11 +376,11 @@ halves! {
     /// Lanes 0-3 of a [`PackedQ5_0Planes`].
     HalfQ5_0Planes of PackedQ5_0Planes, NARROW { scales: d; lanes: qs: 64, qh: 16 }
     /// Lanes 0-3 of a [`PackedQ8_0`] in the [`NARROW`] layout.
-    HalfQ8_0 of PackedQ8_0<NARROW>, NARROW { scales: d; lanes: qs: 128 }
+    HalfQ8_0 of PackedQ8_0, NARROW { scales: d; lanes: qs: 128 }
     /// Lanes 0-3 of a [`PackedQ4_0`] in the [`NARROW`] layout.
-    HalfQ4_0 of PackedQ4_0<NARROW>, NARROW { scales: d; lanes: qs: 64 }
+    HalfQ4_0 of PackedQ4_0, NARROW { scales: d; lanes: qs: 64 }
     /// Lanes 0-3 of a [`PackedQ4_1`] in the [`NARROW`] layout.
-    HalfQ4_1 of PackedQ4_1<NARROW>, NARROW { scales: d, m; lanes: qs: 64 }
+    HalfQ4_1 of PackedQ4_1, NARROW { scales: d, m; lanes: qs: 64 }
     /// Lanes 0-3 of a [`PackedQ5_1Planes`].
     HalfQ5_1Planes of PackedQ5_1Planes, NARROW { scales: d, m; lanes: qs: 64, qh: 16 }
 }
@@ -522,7 +522,7 @@ pub(super) trait PackedBlock {
     fn dequantize(&self, y: &mut [f32; QK]);
 }
 
-impl<const V: usize> PackedQ4K<V> {
+impl PackedQ4K {
     fn new(b: &Q4K) -> Self {
         let sm = q4k_unpacked_scales(&b.scales);
         Self {
@@ -530,22 +530,22 @@ impl<const V: usize> PackedQ4K<V> {
             dmin: b.dmin,
             scales: sm[..8].try_into().unwrap(),
             mins: sm[8..].try_into().unwrap(),
-            qs: pack_nibbles::<V>(&q4k_values(b)),
+            qs: pack_nibbles::<NARROW>(&q4k_values(b)),
         }
     }
 }
 
-impl<const V: usize> PackedBlock for PackedQ4K<V> {
+impl PackedBlock for PackedQ4K {
     fn dequantize(&self, y: &mut [f32; QK]) {
         let (d, dmin) = (f16_to_f32(self.d), f16_to_f32(self.dmin));
         for (v, y) in y.iter_mut().enumerate() {
             let (sc, m) = (self.scales[v / 32], self.mins[v / 32]);
-            *y = d * sc as f32 * unpack_nibble::<V>(&self.qs, v) as f32 - dmin * m as f32;
+            *y = d * sc as f32 * unpack_nibble::<NARROW>(&self.qs, v) as f32 - dmin * m as f32;
         }
     }
 }
 
-impl<const V: usize, H> PackedQ5K<V, H> {
+impl<H> PackedQ5K<H> {
     /// `b` repacked, bit 4 stored by `high`.
     fn new(b: &Q5K, high: impl Fn(&Values) -> H) -> Self {
         let (sm, values) = (q4k_unpacked_scales(&b.scales), q5k_values(b));
@@ -554,7 +554,7 @@ impl<const V: usize, H> PackedQ5K<V, H> {
             dmin: b.dmin,
             scales: sm[..8].try_into().unwrap(),
             mins: sm[8..].try_into().unwrap(),
-            qs: pack_nibbles::<V>(&values),
+            qs: pack_nibbles::<NARROW>(&values),
         };
         Self {
             low,
@@ -568,7 +568,7 @@ impl<const V: usize, H> PackedQ5K<V, H> {
         let (d, dmin) = (f16_to_f32(low.d), f16_to_f32(low.dmin));
         for (v, y) in y.iter_mut().enumerate() {
             let (sc, m) = (low.scales[v / 32], low.mins[v / 32]);
-            let q = unpack_nibble::<V>(&low.qs, v) | high(v) << 4;
+            let q = unpack_nibble::<NARROW>(&low.qs, v) | high(v) << 4;
             *y = d * sc as f32 * q as f32 - dmin * m as f32;
         }
     }
@@ -630,10 +630,10 @@ impl PackedBlock for PackedQ5_0Planes {
     }
 }
 
-impl<const V: usize> PackedQ8_0<V> {
+impl PackedQ8_0 {
     fn new(b: [&Q8_0; 8]) -> Self {
         let values = values8(b, |b| b.qs.map(|q| q as u8 ^ 0x80));
-        let qs = std::array::from_fn(|p| values[value_at::<V>(p / V, p % V)]);
+        let qs = std::array::from_fn(|p| values[value_at::<NARROW>(p / NARROW, p % NARROW)]);
         Self {
             d: b.map(|b| b.d),
             qs,
@@ -641,48 +641,48 @@ impl<const V: usize> PackedQ8_0<V> {
     }
 }
 
-impl<const V: usize> PackedBlock for PackedQ8_0<V> {
+impl PackedBlock for PackedQ8_0 {
     fn dequantize(&self, y: &mut [f32; QK]) {
         for (v, y) in y.iter_mut().enumerate() {
-            let (z, byte) = slot::<V>(v);
-            *y = ((self.qs[V * z + byte] ^ 0x80) as i8) as f32 * f16_to_f32(self.d[v / 32]);
+            let (z, byte) = slot::<NARROW>(v);
+            *y = ((self.qs[NARROW * z + byte] ^ 0x80) as i8) as f32 * f16_to_f32(self.d[v / 32]);
         }
     }
 }
 
-impl<const V: usize> PackedQ4_0<V> {
+impl PackedQ4_0 {
     fn new(b: [&Q4_0; 8]) -> Self {
         Self {
             d: b.map(|b| b.d),
-            qs: pack_nibbles::<V>(&values8(b, |b| nibble32_values(&b.qs))),
+            qs: pack_nibbles::<NARROW>(&values8(b, |b| nibble32_values(&b.qs))),
         }
     }
 }
 
-impl<const V: usize> PackedBlock for PackedQ4_0<V> {
+impl PackedBlock for PackedQ4_0 {
     fn dequantize(&self, y: &mut [f32; QK]) {
         for (v, y) in y.iter_mut().enumerate() {
-            let q = unpack_nibble::<V>(&self.qs, v) as i16 - 8;
+            let q = unpack_nibble::<NARROW>(&self.qs, v) as i16 - 8;
             *y = q as f32 * f16_to_f32(self.d[v / 32]);
         }
     }
 }
 
-impl<const V: usize> PackedQ4_1<V> {
+impl PackedQ4_1 {
     fn new(b: [&Q4_1; 8]) -> Self {
         Self {
             d: b.map(|b| b.d),
             m: b.map(|b| b.m),
-            qs: pack_nibbles::<V>(&values8(b, |b| nibble32_values(&b.qs))),
+            qs: pack_nibbles::<NARROW>(&values8(b, |b| nibble32_values(&b.qs))),
         }
     }
 }
 
-impl<const V: usize> PackedBlock for PackedQ4_1<V> {
+impl PackedBlock for PackedQ4_1 {
     fn dequantize(&self, y: &mut [f32; QK]) {
         for (v, y) in y.iter_mut().enumerate() {
             let (d, m) = (f16_to_f32(self.d[v / 32]), f16_to_f32(self.m[v / 32]));
-            *y = unpack_nibble::<V>(&self.qs, v) as f32 * d + m;
+            *y = unpack_nibble::<NARROW>(&self.qs, v) as f32 * d + m;
         }
     }
 }
@@ -709,7 +709,7 @@ impl PackedBlock for PackedQ5_1Planes {
     }
 }
 
-pub(super) fn pack_q4k<const V: usize>(blocks: &[BlockQ4K]) -> Rows<PackedQ4K<V>> {
+pub(super) fn pack_q4k(blocks: &[BlockQ4K]) -> Rows<PackedQ4K> {
     Rows::whole(view::<_, Q4K>(blocks).iter().map(PackedQ4K::new).collect())
 }
 
@@ -764,18 +764,15 @@ pub(super) fn pack_q5_0_planes(
     pack_per32(blocks, cols, &Q5_0_ZERO, PackedQ5_0Planes::new)
 }
 
-pub(super) fn pack_q8_0_narrow(
-    blocks: &[BlockQ8_0],
-    cols: usize,
-) -> Rows<PackedQ8_0<NARROW>, HalfQ8_0> {
+pub(super) fn pack_q8_0_narrow(blocks: &[BlockQ8_0], cols: usize) -> Rows<PackedQ8_0, HalfQ8_0> {
     pack_per32(blocks, cols, &Q8_0_ZERO, PackedQ8_0::new)
 }
 
-pub(super) fn pack_q4_0(blocks: &[BlockQ4_0], cols: usize) -> Rows<PackedQ4_0<NARROW>, HalfQ4_0> {
+pub(super) fn pack_q4_0(blocks: &[BlockQ4_0], cols: usize) -> Rows<PackedQ4_0, HalfQ4_0> {
     pack_per32(blocks, cols, &Q4_0_ZERO, PackedQ4_0::new)
 }
 
-pub(super) fn pack_q4_1(blocks: &[BlockQ4_1], cols: usize) -> Rows<PackedQ4_1<NARROW>, HalfQ4_1> {
+pub(super) fn pack_q4_1(blocks: &[BlockQ4_1], cols: usize) -> Rows<PackedQ4_1, HalfQ4_1> {
     pack_per32(blocks, cols, &Q4_1_ZERO, PackedQ4_1::new)
 }
 

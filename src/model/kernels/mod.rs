@@ -143,13 +143,13 @@ pub struct Packed {
 /// else in [`NARROW`] (which the AVX-512 kernels take two blocks a step).
 enum Blocks {
     Q6KWide(Rows<layout::PackedQ6K<WIDE>>),
-    Q4K(Rows<layout::PackedQ4K<NARROW>>),
+    Q4K(Rows<layout::PackedQ4K>),
     Q5K(Rows<layout::PackedQ5KPlanes>),
     Q6K(Rows<layout::PackedQ6K<NARROW>>),
     Q5_0(Rows<layout::PackedQ5_0Planes, layout::HalfQ5_0Planes>),
-    Q8_0(Rows<layout::PackedQ8_0<NARROW>, layout::HalfQ8_0>),
-    Q4_0(Rows<layout::PackedQ4_0<NARROW>, layout::HalfQ4_0>),
-    Q4_1(Rows<layout::PackedQ4_1<NARROW>, layout::HalfQ4_1>),
+    Q8_0(Rows<layout::PackedQ8_0, layout::HalfQ8_0>),
+    Q4_0(Rows<layout::PackedQ4_0, layout::HalfQ4_0>),
+    Q4_1(Rows<layout::PackedQ4_1, layout::HalfQ4_1>),
     Q5_1(Rows<layout::PackedQ5_1Planes, layout::HalfQ5_1Planes>),
 }
 
