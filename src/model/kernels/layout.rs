@@ -713,7 +713,7 @@ pub(super) fn pack_q4k(blocks: &[BlockQ4K]) -> Rows<PackedQ4K> {
     Rows::whole(view::<_, Q4K>(blocks).iter().map(PackedQ4K::new).collect())
 }
 
-pub(super) fn pack_q5k_planes(blocks: &[BlockQ5K]) -> Rows<PackedQ5KPlanes> {
+pub(super) fn pack_q5k(blocks: &[BlockQ5K]) -> Rows<PackedQ5KPlanes> {
     let pack = |b| PackedQ5K::new(b, high_planes);
     Rows::whole(view::<_, Q5K>(blocks).iter().map(pack).collect())
 }
@@ -757,14 +757,14 @@ fn pack_per32<C, T, P: Halves + Clone>(
     split_tails(pack_groups(view(blocks), cols, zero, pack), cols)
 }
 
-pub(super) fn pack_q5_0_planes(
+pub(super) fn pack_q5_0(
     blocks: &[BlockQ5_0],
     cols: usize,
 ) -> Rows<PackedQ5_0Planes, HalfQ5_0Planes> {
     pack_per32(blocks, cols, &Q5_0_ZERO, PackedQ5_0Planes::new)
 }
 
-pub(super) fn pack_q8_0_narrow(blocks: &[BlockQ8_0], cols: usize) -> Rows<PackedQ8_0, HalfQ8_0> {
+pub(super) fn pack_q8_0(blocks: &[BlockQ8_0], cols: usize) -> Rows<PackedQ8_0, HalfQ8_0> {
     pack_per32(blocks, cols, &Q8_0_ZERO, PackedQ8_0::new)
 }
 

@@ -209,10 +209,10 @@ impl Packed {
         let blocks = match source {
             Source::Q6K(b) if kernels == Kernels::Avx512 => Blocks::Q6KWide(layout::pack_q6k(b)),
             Source::Q4K(b) => Blocks::Q4K(layout::pack_q4k(b)),
-            Source::Q5K(b) => Blocks::Q5K(layout::pack_q5k_planes(b)),
+            Source::Q5K(b) => Blocks::Q5K(layout::pack_q5k(b)),
             Source::Q6K(b) => Blocks::Q6K(layout::pack_q6k(b)),
-            Source::Q5_0(b) => Blocks::Q5_0(layout::pack_q5_0_planes(b, cols)),
-            Source::Q8_0(b) => Blocks::Q8_0(layout::pack_q8_0_narrow(b, cols)),
+            Source::Q5_0(b) => Blocks::Q5_0(layout::pack_q5_0(b, cols)),
+            Source::Q8_0(b) => Blocks::Q8_0(layout::pack_q8_0(b, cols)),
             Source::Q4_0(b) => Blocks::Q4_0(layout::pack_q4_0(b, cols)),
             Source::Q4_1(b) => Blocks::Q4_1(layout::pack_q4_1(b, cols)),
             Source::Q5_1(b) => Blocks::Q5_1(layout::pack_q5_1(b, cols)),
