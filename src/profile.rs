@@ -1,8 +1,12 @@
-//! Where a forward pass spends its time, by section, when `CASCADE_PROFILE=1`.
+//! Where forward passes spend their time, by section, when `CASCADE_PROFILE=1`.
 //!
-//! Off by default (one relaxed load per section). `cascade generate` prints the table to
-//! standard error at the end when it is on.
+//! Off by default (one relaxed load per section). Reading a prompt (a model's prefill: the
+//! target's, and a drafter's catch-up on the text) is counted apart from the forwards that
+//! generate (decode, draft and verify steps): a long prompt's reading would otherwise hide
+//! them.
+//! `cascade generate` prints the table to standard error at the end when it is on.
 
+use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::OnceLock;
 use std::time::Instant;
@@ -32,8 +36,14 @@ const NAMES: [&str; 9] = [
     "down",
     "output",
 ];
-static NANOS: [AtomicU64; 9] = [const { AtomicU64::new(0) }; 9];
+/// Nanoseconds per section: `[0]` generating (decode, draft and verify forwards), `[1]` reading prompts.
+static NANOS: [[AtomicU64; 9]; 2] = [const { [const { AtomicU64::new(0) }; 9] }; 2];
 static ENABLED: OnceLock<AtomicBool> = OnceLock::new();
+
+thread_local! {
+    /// Whether this thread is reading a prompt ([`reading`]).
+    static READING: Cell<bool> = const { Cell::new(false) };
+}
 
 fn enabled() -> bool {
     ENABLED
@@ -49,7 +59,16 @@ pub fn time<T>(section: Section, f: impl FnOnce() -> T) -> T {
     }
     let start = Instant::now();
     let out = f();
-    NANOS[section as usize].fetch_add(start.elapsed().as_nanos() as u64, Ordering::Relaxed);
+    let phase = READING.with(Cell::get) as usize;
+    NANOS[phase][section as usize].fetch_add(start.elapsed().as_nanos() as u64, Ordering::Relaxed);
+    out
+}
+
+/// Runs `f` (a model reading a prompt), its sections counted as reading.
+pub fn reading<T>(f: impl FnOnce() -> T) -> T {
+    let outer = READING.with(|r| r.replace(true));
+    let out = f();
+    READING.with(|r| r.set(outer));
     out
 }
 
@@ -58,15 +77,22 @@ pub fn report() -> Option<String> {
     if !enabled() {
         return None;
     }
-    let total: u64 = NANOS.iter().map(|n| n.load(Ordering::Relaxed)).sum();
-    let mut out = String::from("| section | ms | share |\n|---|---|---|\n");
-    for (name, n) in NAMES.iter().zip(&NANOS) {
-        let n = n.load(Ordering::Relaxed);
+    let ms = |phase: usize, s: usize| NANOS[phase][s].load(Ordering::Relaxed) as f64 / 1e6;
+    let totals: [f64; 2] = std::array::from_fn(|p| (0..NAMES.len()).map(|s| ms(p, s)).sum());
+    let share = |p: usize, s: usize| 100.0 * ms(p, s) / totals[p].max(1e-9);
+    let mut out = String::from(
+        "| section | generating, ms | share | reading prompts, ms | share |\n\
+         |---|---|---|---|---|\n",
+    );
+    for (s, name) in NAMES.iter().enumerate() {
         out += &format!(
-            "| {name} | {:.1} | {:.1}% |\n",
-            n as f64 / 1e6,
-            100.0 * n as f64 / total.max(1) as f64
+            "| {name} | {:.1} | {:.1}% | {:.1} | {:.1}% |\n",
+            ms(0, s),
+            share(0, s),
+            ms(1, s),
+            share(1, s)
         );
     }
+    out += &format!("| total | {:.1} | | {:.1} | |\n", totals[0], totals[1]);
     Some(out)
 }

@@ -195,6 +195,45 @@ fn a_closed_standard_output_ends_the_generation_quietly() {
     assert!(!err.contains("panicked"), "{err}");
 }
 
+/// `CASCADE_PROFILE=1` counts the reading of the prompt apart from the forwards that
+/// generate: the prompt's rows compute no logits, every generated token's forward does.
+#[test]
+fn the_profile_counts_reading_the_prompt_apart_from_generating() {
+    let _s = serial();
+    let prompt = "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n".repeat(4);
+    let (ok, _, err) = cascade_env(
+        &[
+            "generate",
+            "-c",
+            "configs/autoregressive.toml",
+            "-n",
+            "4",
+            "--no-chat",
+        ],
+        Some(&prompt),
+        &[("CASCADE_PROFILE", "1")],
+    );
+    assert!(ok, "{err}");
+    let row = |name: &str| -> Vec<f64> {
+        let line = err
+            .lines()
+            .find(|l| l.starts_with(&format!("| {name} |")))
+            .unwrap_or_else(|| panic!("no {name} row in: {err}"));
+        line.split('|')
+            .filter_map(|c| c.trim().trim_end_matches('%').parse().ok())
+            .collect()
+    };
+    assert!(err.contains("| section | generating, ms | share | reading prompts, ms | share |"));
+    // A section: [generating ms, share, reading ms, share]; the total: [generating, reading].
+    let output = row("output");
+    assert!(output[0] > 0.0 && output[2] == 0.0, "{output:?}");
+    let total = row("total");
+    assert!(total[0] > 0.0 && total[1] > 0.0, "{total:?}");
+    // The gate and up projections: read for every prompt row and every generated one.
+    let gate_up = row("gate_up");
+    assert!(gate_up[0] > 0.0 && gate_up[2] > 0.0, "{gate_up:?}");
+}
+
 /// A kernel family the CPU cannot run, or an unknown one, is a clear error.
 #[test]
 fn an_unrunnable_kernel_family_is_a_clear_error() {

@@ -216,7 +216,7 @@ pub fn generate(args: GenerateArgs) -> Result<()> {
         None
     };
     if let Some(table) = cascade::profile_report() {
-        eprintln!("forward time by section (CASCADE_PROFILE=1):\n{table}");
+        eprintln!("forward time by section (CASCADE_PROFILE=1), every model of the run:\n{table}");
     }
     if args.json {
         // The family the target's weights were packed for: the kernels that ran.

@@ -599,10 +599,12 @@ impl Model for Transformer {
     fn prefill(&mut self, tokens: &[u32]) -> Result<()> {
         // Rows are independent, so chunking changes nothing; a failed chunk undoes the others.
         let start = self.cache.len();
-        tokens
-            .chunks(super::PREFILL_CHUNK)
-            .try_for_each(|chunk| self.hidden(chunk).map(drop))
-            .inspect_err(|_| self.cache.truncate(start))
+        crate::profile::reading(|| {
+            tokens
+                .chunks(super::PREFILL_CHUNK)
+                .try_for_each(|chunk| self.hidden(chunk).map(drop))
+        })
+        .inspect_err(|_| self.cache.truncate(start))
     }
 
     fn len(&self) -> usize {
