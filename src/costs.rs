@@ -354,6 +354,9 @@ const REPS: usize = 5;
 pub struct CostCache {
     path: PathBuf,
     entries: BTreeMap<String, Entry>,
+    /// The format of a file written by a newer build, which this one neither reads nor
+    /// overwrites.
+    newer: Option<u32>,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -370,6 +373,13 @@ struct Entry {
 struct CacheFile {
     version: u32,
     entries: BTreeMap<String, Entry>,
+}
+
+/// A cache file's version alone: read first, since another version's entries may have
+/// another shape.
+#[derive(Deserialize)]
+struct Version {
+    version: u32,
 }
 
 /// 3: r(k) and the context term from forwards timed close together ([`measure`]); entries
@@ -413,42 +423,61 @@ impl CostCache {
         Self {
             path: path.to_path_buf(),
             entries: BTreeMap::new(),
+            newer: None,
         }
     }
 
     /// The cache at `path`; a missing file is an empty cache, an unreadable one an error that
-    /// names it.
+    /// names it. A file of an older format is measured again and replaced; one written by a
+    /// newer build is left as it is, and this build's measurements are kept for the run only
+    /// ([`CostCache::newer_format_warning`]), so that switching between builds does not make
+    /// each measure again what the other measured.
     pub fn open(path: &Path) -> Result<Self> {
-        let entries = match std::fs::read_to_string(path) {
+        let unreadable = |e: serde_json::Error| {
+            Error::config(
+                path.display().to_string(),
+                format!(
+                    "unreadable cost cache ({e}); `cascade calibrate` replaces it, or delete it"
+                ),
+            )
+        };
+        let mut cache = Self::empty(path);
+        match std::fs::read_to_string(path) {
             Ok(text) => {
-                let file: CacheFile = serde_json::from_str(&text).map_err(|e| {
-                    Error::config(
-                        path.display().to_string(),
-                        format!(
-                            "unreadable cost cache ({e}); `cascade calibrate` replaces it, or delete it"
-                        ),
-                    )
-                })?;
-                if file.version == VERSION {
+                let version = serde_json::from_str::<Version>(&text)
+                    .map_err(unreadable)?
+                    .version;
+                if version == VERSION {
+                    let file: CacheFile = serde_json::from_str(&text).map_err(unreadable)?;
                     // An entry edited out of shape is measured again.
-                    let mut entries = file.entries;
-                    entries.retain(|_, e| e.cost.is_well_formed());
-                    entries
-                } else {
-                    BTreeMap::new() // an older format: measure again
+                    cache.entries = file.entries;
+                    cache.entries.retain(|_, e| e.cost.is_well_formed());
+                } else if version > VERSION {
+                    cache.newer = Some(version);
                 }
             }
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => BTreeMap::new(),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
             Err(e) => {
                 return Err(Error::config(
                     path.display().to_string(),
                     format!("cannot read the cost cache: {e}"),
                 ))
             }
-        };
-        Ok(Self {
-            path: path.to_path_buf(),
-            entries,
+        }
+        Ok(cache)
+    }
+
+    /// If a newer build wrote the file, what to tell the user: this build then measures what
+    /// it needs on every run and does not save, unless `CASCADE_COSTS` gives it a file of its
+    /// own.
+    pub fn newer_format_warning(&self) -> Option<String> {
+        self.newer.map(|v| {
+            format!(
+                "{}: written by a newer cascade (cost cache format {v}; this build reads {VERSION}): \
+                 costs are measured for this run only; set {COSTS_ENV} to give this build a cache \
+                 of its own",
+                self.path.display()
+            )
         })
     }
 
@@ -560,8 +589,12 @@ impl CostCache {
         )
     }
 
-    /// Writes the cache (to a temporary file first, so an interrupted write loses nothing).
+    /// Writes the cache (to a temporary file first, so an interrupted write loses nothing);
+    /// nothing where a newer build wrote the file.
     pub fn save(&self) -> Result<()> {
+        if self.newer.is_some() {
+            return Ok(()); // a newer build's file: left as it is
+        }
         let file = CacheFile {
             version: VERSION,
             entries: self.entries.clone(),
@@ -679,6 +712,40 @@ mod tests {
             e.starts_with(&format!("{}: unreadable cost cache", path.display())),
             "{e}"
         );
+    }
+
+    /// A file a newer build wrote (whose entries this build may not parse) is neither read nor
+    /// overwritten; an older format is read as empty and replaced.
+    #[test]
+    fn a_newer_builds_cache_is_left_as_it_is() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("costs.json");
+        let newer = format!(
+            r#"{{"version": {}, "entries": {{"x": [1, 2]}}}}"#,
+            VERSION + 1
+        );
+        std::fs::write(&path, &newer).unwrap();
+        let cache = CostCache::open(&path).unwrap();
+        assert!(cache.entries.is_empty());
+        assert_eq!(
+            cache.newer_format_warning().unwrap(),
+            format!(
+                "{}: written by a newer cascade (cost cache format {}; this build reads {VERSION}): \
+                 costs are measured for this run only; set CASCADE_COSTS to give this build a \
+                 cache of its own",
+                path.display(),
+                VERSION + 1
+            )
+        );
+        cache.save().unwrap();
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), newer);
+        // An older format: empty, and saving writes this build's.
+        std::fs::write(&path, r#"{"version": 1, "entries": {"x": [1, 2]}}"#).unwrap();
+        let cache = CostCache::open(&path).unwrap();
+        assert!(cache.entries.is_empty() && cache.newer_format_warning().is_none());
+        cache.save().unwrap();
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert!(text.contains(&format!(r#""version": {VERSION}"#)), "{text}");
     }
 
     #[test]

@@ -380,6 +380,9 @@ pub fn calibrate(args: CalibrateArgs) -> Result<()> {
         eprintln!("cascade: warning: {e}: replacing it");
         CostCache::empty(&path)
     });
+    if let Some(warning) = cache.newer_format_warning() {
+        eprintln!("cascade: warning: {warning}");
+    }
     let subjects: Vec<Subject> = models
         .iter()
         .map(|m| m.as_ref().into())

@@ -141,7 +141,11 @@ impl Builder<'_> {
     /// [`Builder::cost`] for a model, or a model with a trimmed vocabulary.
     fn subject_cost(&mut self, subject: Subject) -> Result<ForwardCost> {
         if self.costs.is_none() {
-            self.costs = Some(CostCache::open(&CostCache::default_path())?);
+            let cache = CostCache::open(&CostCache::default_path())?;
+            if let Some(warning) = cache.newer_format_warning() {
+                eprintln!("cascade: warning: {warning}");
+            }
+            self.costs = Some(cache);
         }
         let cache = self.costs.as_mut().expect("opened above");
         let progress = &mut *self.progress;
