@@ -429,9 +429,10 @@ impl CostCache {
 
     /// The cache at `path`; a missing file is an empty cache, an unreadable one an error that
     /// names it. A file of an older format is measured again and replaced; one written by a
-    /// newer build is left as it is, and this build's measurements are kept for the run only
-    /// ([`CostCache::newer_format_warning`]), so that switching between builds does not make
-    /// each measure again what the other measured.
+    /// newer build is left as it is, so that going back to an older build for a while does
+    /// not cost the newer one its measurements: the older build then keeps what it measures
+    /// for the run only ([`CostCache::written_by_newer_build`]), unless `CASCADE_COSTS` gives
+    /// it a file of its own.
     pub fn open(path: &Path) -> Result<Self> {
         let unreadable = |e: serde_json::Error| {
             Error::config(
@@ -467,15 +468,13 @@ impl CostCache {
         Ok(cache)
     }
 
-    /// If a newer build wrote the file, what to tell the user: this build then measures what
-    /// it needs on every run and does not save, unless `CASCADE_COSTS` gives it a file of its
-    /// own.
-    pub fn newer_format_warning(&self) -> Option<String> {
+    /// If a newer build wrote the file, says so (`PATH: written by a newer cascade (cost cache
+    /// format N; this build reads 3)`): this build then measures what it needs on every run
+    /// and does not save.
+    pub fn written_by_newer_build(&self) -> Option<String> {
         self.newer.map(|v| {
             format!(
-                "{}: written by a newer cascade (cost cache format {v}; this build reads {VERSION}): \
-                 costs are measured for this run only; set {COSTS_ENV} to give this build a cache \
-                 of its own",
+                "{}: written by a newer cascade (cost cache format {v}; this build reads {VERSION})",
                 self.path.display()
             )
         })
@@ -728,11 +727,9 @@ mod tests {
         let cache = CostCache::open(&path).unwrap();
         assert!(cache.entries.is_empty());
         assert_eq!(
-            cache.newer_format_warning().unwrap(),
+            cache.written_by_newer_build().unwrap(),
             format!(
-                "{}: written by a newer cascade (cost cache format {}; this build reads {VERSION}): \
-                 costs are measured for this run only; set CASCADE_COSTS to give this build a \
-                 cache of its own",
+                "{}: written by a newer cascade (cost cache format {}; this build reads {VERSION})",
                 path.display(),
                 VERSION + 1
             )
@@ -742,7 +739,7 @@ mod tests {
         // An older format: empty, and saving writes this build's.
         std::fs::write(&path, r#"{"version": 1, "entries": {"x": [1, 2]}}"#).unwrap();
         let cache = CostCache::open(&path).unwrap();
-        assert!(cache.entries.is_empty() && cache.newer_format_warning().is_none());
+        assert!(cache.entries.is_empty() && cache.written_by_newer_build().is_none());
         cache.save().unwrap();
         let text = std::fs::read_to_string(&path).unwrap();
         assert!(text.contains(&format!(r#""version": {VERSION}"#)), "{text}");

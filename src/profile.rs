@@ -1,9 +1,9 @@
 //! Where forward passes spend their time, by section, when `CASCADE_PROFILE=1`.
 //!
 //! Off by default (one relaxed load per section). Reading a prompt (a model's prefill: the
-//! target's, and a drafter's catch-up on the text) is counted apart from the forwards that
-//! generate (decode, draft and verify steps): a long prompt's reading would otherwise hide
-//! them.
+//! target's, and a drafter's catch-up on text it has not seen, unless the few tokens ride in
+//! its next forward) is counted apart from the forwards that generate (decode, draft and
+//! verify steps): a long prompt's reading would otherwise hide them.
 //! `cascade generate` prints the table to standard error at the end when it is on.
 
 use std::cell::Cell;
@@ -36,7 +36,8 @@ const NAMES: [&str; 9] = [
     "down",
     "output",
 ];
-/// Nanoseconds per section: `[0]` generating (decode, draft and verify forwards), `[1]` reading prompts.
+/// Nanoseconds per section: `[0]` generating (decode, draft and verify forwards), `[1]`
+/// reading prompts.
 static NANOS: [[AtomicU64; 9]; 2] = [const { [const { AtomicU64::new(0) }; 9] }; 2];
 static ENABLED: OnceLock<AtomicBool> = OnceLock::new();
 
@@ -66,10 +67,23 @@ pub fn time<T>(section: Section, f: impl FnOnce() -> T) -> T {
 
 /// Runs `f` (a model reading a prompt), its sections counted as reading.
 pub fn reading<T>(f: impl FnOnce() -> T) -> T {
-    let outer = READING.with(|r| r.replace(true));
-    let out = f();
-    READING.with(|r| r.set(outer));
-    out
+    /// Restores the thread's flag however `f` ends (a server worker goes on after a panic).
+    struct Restore(bool);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            READING.with(|r| r.set(self.0));
+        }
+    }
+    let _restore = Restore(READING.with(|r| r.replace(true)));
+    f()
+}
+
+/// Forgets the times so far (a run's measurement of its forward costs, before it generates).
+pub fn reset() {
+    NANOS
+        .iter()
+        .flatten()
+        .for_each(|n| n.store(0, Ordering::Relaxed));
 }
 
 /// The accumulated times as a table, or `None` when profiling is off.

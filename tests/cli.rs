@@ -422,6 +422,23 @@ fn errors_are_reported_without_a_panic() {
             file.display()
         )
     );
+    // A cost cache a newer build wrote is not replaced by calibrating (nor read or written
+    // by a run, which warns instead; `costs::tests` checks that).
+    let newer = dir.path().join("costs.json");
+    let text = r#"{"version": 999, "entries": {}}"#;
+    std::fs::write(&newer, text).unwrap();
+    let args = ["calibrate", "-c", "configs/autoregressive.toml", "--cache"];
+    let (ok, _, err) = cascade(&[&args[..], &[newer.to_str().unwrap()]].concat(), None);
+    assert!(!ok);
+    assert_eq!(
+        err.trim(),
+        format!(
+            "cascade: {}: written by a newer cascade (cost cache format 999; this build reads 3): \
+             calibrating would replace its measurements; name another file with --cache",
+            newer.display()
+        )
+    );
+    assert_eq!(std::fs::read_to_string(&newer).unwrap(), text);
     // An I/O error's message comes once, not again as its own cause.
     let nope = dir.path().join("nope");
     let smol = "models/smollm2-135m-instruct-q4_1.gguf";

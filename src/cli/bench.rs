@@ -380,8 +380,10 @@ pub fn calibrate(args: CalibrateArgs) -> Result<()> {
         eprintln!("cascade: warning: {e}: replacing it");
         CostCache::empty(&path)
     });
-    if let Some(warning) = cache.newer_format_warning() {
-        eprintln!("cascade: warning: {warning}");
+    if let Some(newer) = cache.written_by_newer_build() {
+        bail!(
+            "{newer}: calibrating would replace its measurements; name another file with --cache"
+        );
     }
     let subjects: Vec<Subject> = models
         .iter()

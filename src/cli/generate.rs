@@ -137,6 +137,7 @@ pub fn generate(args: GenerateArgs) -> Result<()> {
     let prompt_text = read_prompt(&args)?;
     let mut store = ModelStore::default();
     let mut engine = build(&plan, &mut store)?;
+    cascade::profile_reset(); // building may have measured forward costs
     let text = if plan.chat {
         // A prompt's final line break (`echo`'s, a file's) is not part of the message.
         let message = prompt_text

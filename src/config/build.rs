@@ -3,7 +3,7 @@
 
 use super::validate::{DrafterNode, DrafterPlan, ModelPlan, Plan, TrimmedVocabulary};
 use super::{PluginContext, Registry};
-use crate::costs::{CostCache, CostEvent, ForwardCost, Subject};
+use crate::costs::{CostCache, CostEvent, ForwardCost, Subject, COSTS_ENV};
 use crate::drafter::{
     AdaptiveCascade, BigramDrafter, Drafter, History, HorizontalCascade, MaxGramDrafter,
     NeuralDrafter, SharedHistory, VerticalCascade,
@@ -142,8 +142,11 @@ impl Builder<'_> {
     fn subject_cost(&mut self, subject: Subject) -> Result<ForwardCost> {
         if self.costs.is_none() {
             let cache = CostCache::open(&CostCache::default_path())?;
-            if let Some(warning) = cache.newer_format_warning() {
-                eprintln!("cascade: warning: {warning}");
+            if let Some(newer) = cache.written_by_newer_build() {
+                eprintln!(
+                    "cascade: warning: {newer}: costs are measured for this run only; set \
+                     {COSTS_ENV} to give this build a cache of its own"
+                );
             }
             self.costs = Some(cache);
         }
