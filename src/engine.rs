@@ -388,6 +388,12 @@ impl Engine {
             }
         };
         on_text(stream.take_final(true));
+        // The last tokens, held back as half a character, may have ended in a stop string.
+        let finish = match finish {
+            FinishReason::Cancelled => finish,
+            _ if stream.stopped() => FinishReason::Stop,
+            _ => finish,
+        };
         stats.decode_seconds = start.elapsed().as_secs_f64();
         // The text is out: a drafter that cannot record it costs a warning, not the text. A
         // cancelled generation is not an answer to learn from (its client left or the server

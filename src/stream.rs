@@ -25,6 +25,8 @@ pub struct TextStream<'a> {
     read: usize,
     text: String,
     released: usize,
+    /// A stop string was found (the text ends before it).
+    stopped: bool,
 }
 
 impl<'a> TextStream<'a> {
@@ -50,6 +52,7 @@ impl<'a> TextStream<'a> {
             read: 0,
             text: String::new(),
             released: 0,
+            stopped: false,
         })
     }
 
@@ -84,8 +87,13 @@ impl<'a> TextStream<'a> {
             };
             self.release(&before, &text, r);
         }
+        Ok(self.cut_at_stop())
+    }
+
+    /// Cuts the text before the first stop string in it, if there is one (then true).
+    fn cut_at_stop(&mut self) -> bool {
         let Some(matcher) = &self.matcher else {
-            return Ok(false);
+            return false;
         };
         // Only the tail can hold a new match: earlier text was checked before.
         let mut from = self.released.saturating_sub(self.longest);
@@ -97,9 +105,10 @@ impl<'a> TextStream<'a> {
                 self.text.truncate(from + m.start());
                 // Tokens still pending come after the stop string: none of them is text.
                 self.read = self.ids.len();
-                Ok(true)
+                self.stopped = true;
+                true
             }
-            None => Ok(false),
+            None => false,
         }
     }
 
@@ -116,7 +125,8 @@ impl<'a> TextStream<'a> {
     }
 
     /// Text that became final since the last call. With `finished`, everything left
-    /// (a dangling partial character included, as the replacement character).
+    /// (a dangling partial character included, as the replacement character), cut before a
+    /// stop string: a token held back as half a character may hold a whole one before it.
     pub fn take_final(&mut self, finished: bool) -> &str {
         if finished && self.read < self.ids.len() {
             let before = self
@@ -128,6 +138,7 @@ impl<'a> TextStream<'a> {
                 .decode(&self.ids[self.prefix..])
                 .unwrap_or_default();
             self.release(&before, &now, self.ids.len());
+            self.cut_at_stop();
         }
         let mut end = self.text.len();
         if !finished {
@@ -148,6 +159,11 @@ impl<'a> TextStream<'a> {
     /// All text so far, cut before a stop string.
     pub fn text(&self) -> &str {
         &self.text
+    }
+
+    /// Whether a stop string ended the text.
+    pub fn stopped(&self) -> bool {
+        self.stopped
     }
 }
 

@@ -828,6 +828,19 @@ fn a_stream_holds_back_at_most_a_few_tokens() {
     }
     streamed += s.take_final(true);
     assert_eq!(streamed, "x");
+    // The same token last, still held back as half a character when the generation ends: its
+    // whole characters are searched for the stop string before they go out.
+    let mut ids = t.encode_plain("x").unwrap();
+    ids.push(tail);
+    let mut s = TextStream::new(t, &stop).unwrap();
+    let mut streamed = String::new();
+    for &id in &ids {
+        assert!(!s.push(id).unwrap());
+        streamed += s.take_final(false);
+    }
+    assert!(!s.stopped());
+    streamed += s.take_final(true);
+    assert_eq!((streamed.as_str(), s.stopped()), ("x", true));
 }
 
 /// A GGUF naming Llama 3's pre-tokenizer as llama.cpp does (`llama-bpe`) splits text as Llama 3

@@ -80,7 +80,9 @@ for body, param in [('{"messages": [', None),
                     ('{"messages": [{"role": "user", "content": "x"}], "temperature": "hot"}', "temperature"),
                     ('{"messages": [{"role": "user", "content": "x"}], "top_p": 0}', "top_p"),
                     ('{"messages": [{"role": "user", "content": "x"}], "logprobs": true}', "logprobs"),
-                    ('{"messages": [{"role": "user", "content": "' + "word " * 40000 + '"}]}', "messages")]:
+                    ('{"messages": [{"role": "user", "content": "' + "word " * 40000 + '"}]}', "messages"),
+                    ('{"messages": [{"role": "user", "content": "x"}], "prediction": {"type": "content", "content": "'
+                     + "word " * 40000 + '"}}', "prediction.content")]:
     code, err = post(body)
     check(f"400 for {body[:60]!r}", code == 400 and err["error"]["param"] == param, str((code, err)))
 

@@ -55,11 +55,13 @@ pub fn serve_command(args: ServeArgs) -> Result<()> {
     }
     let cors = Cors::parse(&args.cors)?;
     let raw = RawConfig::load(&args.config)?;
+    // The port before the plan, which may download a model from the hub: a port in use is
+    // reported at once.
+    let listener = listen(&args.host, args.port)?;
     let plan = load_plan(&args.config, &raw)?;
     if plan.options.lenience != 1.0 {
         bail!("a server's output must be exactly the target's: lenience must be 1 at the target");
     }
-    let listener = listen(&args.host, args.port)?;
     let engine = build(&plan, &mut ModelStore::default())?;
     let opts = ServeOptions {
         listener,

@@ -136,7 +136,7 @@ struct App {
     /// One request is checked at a time, in the order the handlers asked (tokio's semaphore
     /// is fair), so requests reach the queue in that order and a burst of long prompts does
     /// not take every core from the engine.
-    checking: tokio::sync::Semaphore,
+    checking: Arc<tokio::sync::Semaphore>,
     /// Unknown request fields already named in the log ([`api::UnknownFields`]).
     unknown: std::sync::Mutex<api::UnknownFields>,
 }
@@ -174,7 +174,7 @@ pub fn serve(
         system: opts.system.clone(),
         metrics: metrics.clone(),
         next_id: AtomicU64::new(1),
-        checking: tokio::sync::Semaphore::new(1),
+        checking: Arc::new(tokio::sync::Semaphore::new(1)),
         unknown: Default::default(),
     });
     let engine_thread = {
@@ -335,12 +335,17 @@ struct Checked {
 async fn handle(app: Arc<App>, endpoint: Endpoint, body: Body) -> Response {
     let arrived = Instant::now();
     let checked = {
-        let Ok(_turn) = app.checking.acquire().await else {
+        let Ok(turn) = app.checking.clone().acquire_owned().await else {
             return ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "the server is stopping")
                 .into_response();
         };
         let app = app.clone();
-        tokio::task::spawn_blocking(move || check(&app, endpoint, body)).await
+        // The turn goes with the check, which runs on even if this client leaves meanwhile.
+        tokio::task::spawn_blocking(move || {
+            let _turn = turn;
+            check(&app, endpoint, body)
+        })
+        .await
     };
     match checked {
         Ok(Ok(checked)) => respond(app, endpoint, checked, arrived).await,
@@ -396,11 +401,25 @@ fn check(app: &App, endpoint: Endpoint, body: Body) -> std::result::Result<Check
         ));
     }
     let prediction = match &settings.prediction {
-        Some(p) => Some(
-            app.tokenizer
+        Some(p) => {
+            let field = "prediction.content";
+            let tokens = app
+                .tokenizer
                 .encode_plain(p)
-                .map_err(|e| ApiError::invalid("prediction.content", e.to_string()))?,
-        ),
+                .map_err(|e| ApiError::invalid(field, e.to_string()))?;
+            // Indexed on the engine's thread before the answer starts: bounded as a prompt is.
+            if tokens.len() > app.context {
+                return Err(ApiError::invalid(
+                    field,
+                    format!(
+                        "the prediction has {} tokens but the context holds {}",
+                        tokens.len(),
+                        app.context
+                    ),
+                ));
+            }
+            Some(tokens)
+        }
         None => None,
     };
     // Named once the request is known to run, and each name once.
