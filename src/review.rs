@@ -68,8 +68,9 @@ pub fn review(
         }
         let (px, qx) = (p.prob(x), qi.prob(x));
         // u < l p / q, written without the division (q(x) > 0 for a token drawn from q), and
-        // so that a NaN rejects.
-        let kept = rng.random::<f32>() * qx < lenience * px;
+        // so that a NaN rejects. In f64: an f32 u is a multiple of 2^-24, which would keep a
+        // token whose p(x) / q(x) is below that up to 2^-24 of the time.
+        let kept = rng.random::<f64>() * f64::from(qx) < f64::from(lenience) * f64::from(px);
         if !kept {
             return Verdict {
                 accepted: i,

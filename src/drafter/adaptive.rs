@@ -176,6 +176,27 @@ mod tests {
         assert_eq!((draft.len(), calls.load(Ordering::Relaxed)), (2, 1));
     }
 
+    /// The same through a cascade nested in another (a server's prediction ahead of the
+    /// config's adaptive cascade): the inner cascade's decline reaches the outer one, which
+    /// does not ask it again where it stopped.
+    #[test]
+    fn a_nested_cascade_declined_by_the_gate_is_not_asked_again_there() {
+        let calls = Arc::new(AtomicUsize::new(0));
+        let part = Scripted {
+            confidences: vec![0.99, 0.99, 0.01, 0.99],
+            at: 0,
+            calls: calls.clone(),
+        };
+        let inner = AdaptiveCascade::new("inner", vec![Box::new(part)]);
+        let mut outer =
+            AdaptiveCascade::new("outer", vec![Box::new(CopyAt { at: 99 }), Box::new(inner)]);
+        let mut gate = Gate::adaptive(Adaptive::new(verify()));
+        let (sampling, mut rng) = (Sampling::default(), Rng::seed_from_u64(1));
+        let mut request = Request::new(&sampling, &mut rng, &mut gate, "a".into(), 8, 4);
+        let draft = outer.draft(&[0, 1], &mut request).unwrap();
+        assert_eq!((draft.len(), calls.load(Ordering::Relaxed)), (2, 1));
+    }
+
     /// A draft model in miniature: before each forward it asks the gate, paying `cost.0`
     /// seconds for a forward that catches up on text it has not seen and `cost.1` for one
     /// that only feeds its own last token; it drafts token 1 with confidence 0.99.
