@@ -373,6 +373,7 @@ fn errors_are_reported_without_a_panic() {
     }
     for (flag, value, message) in [
         ("--grace", "1e20", "cascade: --grace must be at most 18446744073709551615 seconds, got 100000000000000000000"),
+        ("--grace", "-1", "cascade: --grace must be a number of seconds >= 0, got -1"),
         ("--queue", "100000", "cascade: --queue must be between 1 and 4096, got 100000"),
         ("--queue", "0", "cascade: --queue must be between 1 and 4096, got 0"),
         ("--cors", "localhost:3000", "cascade: --cors: `localhost:3000` is not an origin: scheme://host[:port], as a browser sends it (e.g. http://localhost:3000), or * for any"),
@@ -439,6 +440,17 @@ fn errors_are_reported_without_a_panic() {
         )
     );
     assert_eq!(std::fs::read_to_string(&newer).unwrap(), text);
+    // A folder as the cache is refused before measuring.
+    let (ok, _, err) = cascade(&[&args[..], &[dir.path().to_str().unwrap()]].concat(), None);
+    assert!(!ok);
+    assert_eq!(
+        err.trim(),
+        format!(
+            "cascade: --cache {} is a folder: name the cost cache file (e.g. {})",
+            dir.path().display(),
+            dir.path().join("costs.json").display()
+        )
+    );
     // An I/O error's message comes once, not again as its own cause.
     let nope = dir.path().join("nope");
     let smol = "models/smollm2-135m-instruct-q4_1.gguf";

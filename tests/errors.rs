@@ -211,6 +211,69 @@ fn truncated_gguf() {
     assert_eq!(e, "model file not found: /nonexistent/x.gguf");
 }
 
+/// A file that is not GGUF, and one whose metadata holds a key twice, are named as such.
+#[test]
+fn a_file_that_is_not_gguf_or_repeats_a_key_is_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let load_error = |path: &Path| {
+        LoadedModel::load(path, None, &mut |_, _| {})
+            .err()
+            .unwrap()
+            .to_string()
+    };
+    let text = dir.path().join("notes.gguf");
+    std::fs::write(&text, "not a model, only a text file".repeat(8)).unwrap();
+    assert_eq!(
+        load_error(&text),
+        format!(
+            "cannot read GGUF file {}: not a GGUF file (magic 0x20746f6e, expected 0x46554747 \"GGUF\")",
+            text.display()
+        )
+    );
+    // SmolLM2 with its end-of-sequence id's key renamed to the beginning-of-sequence one's.
+    let mut src = std::fs::read(models_dir().join(SMOLLM2)).unwrap();
+    let (eos, bos) = (
+        b"tokenizer.ggml.eos_token_id",
+        b"tokenizer.ggml.bos_token_id",
+    );
+    let at = src.windows(eos.len()).position(|w| w == eos).unwrap();
+    src[at..at + eos.len()].copy_from_slice(bos);
+    let twice = dir.path().join("twice.gguf");
+    std::fs::write(&twice, &src).unwrap();
+    assert_eq!(
+        load_error(&twice),
+        format!(
+            "cannot read GGUF file {}: metadata `tokenizer.ggml.bos_token_id` appears twice",
+            twice.display()
+        )
+    );
+}
+
+/// A SentencePiece vocabulary is read for Gemma models only: elsewhere (a Llama 2 GGUF, say)
+/// the model's tokenizer.json is asked for.
+#[test]
+fn a_sentencepiece_vocabulary_outside_gemma_asks_for_tokenizer_json() {
+    use candle_core::quantized::gguf_file::Value;
+    let path = models_dir().join(SMOLLM2);
+    let mut gguf = cascade::model::gguf::GgufFile::open(&path).unwrap();
+    gguf.content
+        .metadata
+        .insert("tokenizer.ggml.model".into(), Value::String("llama".into()));
+    let e = cascade::tokenizer::Tokenizer::load(&gguf, None)
+        .err()
+        .unwrap()
+        .to_string();
+    assert_eq!(
+        e,
+        format!(
+            "tokenizer: cannot load {}: a SentencePiece vocabulary (tokenizer model `llama`) is read \
+             for Gemma models only, not `llama`; give the model's tokenizer.json instead \
+             (`tokenizer = ...` in the config)",
+            path.display()
+        )
+    );
+}
+
 #[test]
 fn unsupported_architecture_is_named_before_the_tokenizer_loads() {
     let mut src = std::fs::read(models_dir().join(SMOLLM2)).unwrap();

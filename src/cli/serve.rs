@@ -25,7 +25,7 @@ pub struct ServeArgs {
     #[arg(long, default_value_t = 16)]
     queue: usize,
     /// Seconds running requests may take after SIGINT/SIGTERM before they are cancelled.
-    #[arg(long, default_value_t = 30.0)]
+    #[arg(long, default_value_t = 30.0, allow_negative_numbers = true)]
     grace: f64,
     /// Let web pages from this origin call the API from a browser (CORS), e.g.
     /// http://localhost:3000; repeat for more, or * for any. Off by default.
