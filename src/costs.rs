@@ -318,6 +318,9 @@ pub enum CostEvent<'a> {
         /// [`Measurement::cpu_share`].
         cpu_share: f64,
     },
+    /// The costs just measured could not be written to the cache (the reason, naming the
+    /// file): they serve this run only.
+    NotSaved(&'a str),
 }
 
 impl std::fmt::Display for CostEvent<'_> {
@@ -335,6 +338,11 @@ impl std::fmt::Display for CostEvent<'_> {
                  drafting is too cautious; run `cascade calibrate` when the machine is idle",
                 models.join(", "),
                 cpu_share * 100.0
+            ),
+            Self::NotSaved(reason) => write!(
+                f,
+                "{reason}: the costs measured now serve this run only, and the next run \
+                 measures them again"
             ),
         }
     }
@@ -541,16 +549,21 @@ impl CostCache {
             let subjects: Vec<Subject> = missing.iter().map(|&(m, _)| m).collect();
             let measured = measure(&subjects, REPS)?;
             let now = crate::bench::utc_now();
-            for (&(_, key), cost) in missing.iter().zip(measured.costs) {
-                let entry = Entry {
-                    measured: now.clone(),
-                    cost,
-                    cpu_share: measured.cpu_share,
-                };
-                self.entries.insert(key.clone(), entry);
+            let fresh: Vec<(String, Entry)> = missing
+                .iter()
+                .zip(measured.costs)
+                .map(|(&(_, key), cost)| {
+                    let entry = Entry {
+                        measured: now.clone(),
+                        cost,
+                        cpu_share: measured.cpu_share,
+                    };
+                    (key.clone(), entry)
+                })
+                .collect();
+            if let Err(e) = self.record(fresh, &keys) {
+                events(CostEvent::NotSaved(&e.to_string()));
             }
-            prune(&mut self.entries, &keys);
-            self.save()?;
         }
         let entries: Vec<&Entry> = keys
             .iter()
@@ -586,6 +599,40 @@ impl CostCache {
             &crate::config::file_label(&subject.model.path),
             subject.vocabulary.map(<[u32]>::len),
         )
+    }
+
+    /// Adds the entries measured now (`fresh`) and writes the file, keeping what other
+    /// processes wrote since this cache was opened: under the file's lock it is read again
+    /// first, so two processes measuring different models at once keep both. The entries in
+    /// `in_use` are not pruned. The entries stay in this cache even if writing fails.
+    fn record(&mut self, fresh: Vec<(String, Entry)>, in_use: &[String]) -> Result<()> {
+        let keys: Vec<String> = fresh.iter().map(|(k, _)| k.clone()).collect();
+        self.entries.extend(fresh);
+        if self.newer.is_some() {
+            return Ok(()); // a newer build's file: left as it is
+        }
+        let _lock = crate::files::lock_beside(&self.path).map_err(|e| {
+            Error::config(
+                self.path.display().to_string(),
+                format!("cannot write the cost cache: {e}"),
+            )
+        })?;
+        // An unreadable file is replaced, as `calibrate` replaces it.
+        if let Ok(on_disk) = Self::open(&self.path) {
+            if on_disk.newer.is_some() {
+                self.newer = on_disk.newer; // written by a newer build meanwhile
+                return Ok(());
+            }
+            let mut entries = on_disk.entries;
+            for (k, e) in &self.entries {
+                if keys.contains(k) || !entries.contains_key(k) {
+                    entries.insert(k.clone(), e.clone());
+                }
+            }
+            self.entries = entries;
+        }
+        prune(&mut self.entries, in_use);
+        self.save()
     }
 
     /// Writes the cache (to a temporary file first, so an interrupted write loses nothing);
@@ -743,6 +790,53 @@ mod tests {
         cache.save().unwrap();
         let text = std::fs::read_to_string(&path).unwrap();
         assert!(text.contains(&format!(r#""version": {VERSION}"#)), "{text}");
+    }
+
+    /// An entry measured at `decode_ms` (well formed, so it is read back).
+    fn entry(decode_ms: f64) -> Entry {
+        Entry {
+            measured: "2026-11-29 05:00".into(),
+            cost: ForwardCost {
+                decode_seconds: decode_ms / 1e3,
+                ratios: vec![(1, 1.0), (4, 1.6)],
+                per_context: Vec::new(),
+            },
+            cpu_share: None,
+        }
+    }
+
+    /// Two processes that opened the cache before either measured each keep the other's
+    /// entries when they write; a model measured again takes its new cost.
+    #[test]
+    fn processes_measuring_at_once_keep_each_others_costs() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("costs.json");
+        let (mut a, mut b) = (
+            CostCache::open(&path).unwrap(),
+            CostCache::open(&path).unwrap(),
+        );
+        a.record(vec![("a".into(), entry(10.0))], &[]).unwrap();
+        b.record(vec![("b".into(), entry(20.0))], &[]).unwrap();
+        a.record(vec![("b".into(), entry(30.0))], &[]).unwrap();
+        let decode = |k: &str| {
+            CostCache::open(&path).unwrap().entries[k]
+                .cost
+                .decode_seconds
+        };
+        assert_eq!((decode("a"), decode("b")), (0.01, 0.03));
+        // Where the file cannot be written, the costs still serve this cache, and the error
+        // names the file.
+        let blocked = dir.path().join("costs.json").join("costs.json");
+        let mut c = CostCache::empty(&blocked);
+        let e = c.record(vec![("c".into(), entry(5.0))], &[]).unwrap_err();
+        assert!(
+            e.to_string().starts_with(&format!(
+                "{}: cannot write the cost cache: ",
+                blocked.display()
+            )),
+            "{e}"
+        );
+        assert_eq!(c.entries["c"].cost.decode_seconds, 0.005);
     }
 
     #[test]

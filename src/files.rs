@@ -1,4 +1,5 @@
-//! Writing a file so that an interruption never leaves half of it.
+//! Writing a file so that an interruption never leaves half of it, and locking a file that
+//! several processes update.
 
 use std::path::{Path, PathBuf};
 
@@ -40,4 +41,22 @@ pub fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
         let _ = d.sync_all();
     }
     Ok(())
+}
+
+/// An exclusive lock for updating `path` (the file `<path>.lock` beside it, created if
+/// missing, its folder too), held until the returned file is dropped; waits while another
+/// process holds it.
+pub fn lock_beside(path: &Path) -> std::io::Result<std::fs::File> {
+    let mut lock = path.as_os_str().to_owned();
+    lock.push(".lock");
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir)?;
+    }
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&lock)?;
+    file.lock()?;
+    Ok(file)
 }

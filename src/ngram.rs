@@ -46,8 +46,10 @@ impl BigramTable {
         fingerprint: u64,
     ) -> Self {
         let mut rows: Vec<Vec<(u32, u32)>> = vec![Vec::new(); vocab];
+        // Pairs with an id past the vocabulary (a tokenizer whose ids leave gaps) are left
+        // out: the table could not be loaded with them.
         for (&(a, b), &c) in counts {
-            if (a as usize) < vocab {
+            if (a as usize) < vocab && (b as usize) < vocab {
                 rows[a as usize].push((b, c));
             }
         }

@@ -655,8 +655,11 @@ pub fn absolute_paths(doc: &mut toml::Value, base: &Path) {
     ];
     let fix = |v: &mut toml::Value| {
         if let Some(p) = v.as_str() {
+            // A file not there yet (a history the first run creates) is made absolute too.
             let p = base.join(p);
-            let p = std::fs::canonicalize(&p).unwrap_or(p);
+            let p = std::fs::canonicalize(&p)
+                .or_else(|_| std::path::absolute(&p))
+                .unwrap_or(p);
             *v = p.display().to_string().into();
         } // a table is a hub source
     };
@@ -705,6 +708,25 @@ fn entry<'d>(doc: &'d mut toml::Value, path: &[&str]) -> Result<&'d mut toml::Va
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `plan --write` makes every path absolute, a file the first run creates (a history)
+    /// included, so that the written config runs from wherever it is.
+    #[test]
+    fn written_paths_are_absolute_for_files_not_there_yet() {
+        let text = "[target]\nmodel = \"m.gguf\"\n\
+                    [drafters.mag]\nkind = \"max_gram\"\nhistory = \"../runs/outputs.hist\"\n";
+        let mut doc: toml::Value = toml::from_str(text).unwrap();
+        absolute_paths(&mut doc, Path::new("no-such-folder"));
+        for path in [&doc["target"]["model"], &doc["drafters"]["mag"]["history"]] {
+            let path = Path::new(path.as_str().unwrap());
+            assert!(path.is_absolute(), "{}", path.display());
+        }
+        let history = doc["drafters"]["mag"]["history"].as_str().unwrap();
+        assert!(
+            history.ends_with("no-such-folder/../runs/outputs.hist"),
+            "{history}"
+        );
+    }
 
     /// A trimmed draft model is planned at the cost measured for the smallest trimmed set at
     /// least as large as its own, and at the whole model's cost where none was measured.

@@ -393,10 +393,16 @@ pub fn calibrate(args: CalibrateArgs) -> Result<()> {
             vocabulary: Some(t),
         }))
         .collect();
+    // Calibrating is for the cache: measurements it cannot keep are an error.
+    let mut unsaved = None;
     let costs = cache.costs(&subjects, true, &mut |event| match event {
         CostEvent::Measuring(_) => eprintln!("{event}"),
         CostEvent::Contended { .. } => eprintln!("cascade: warning: {event}"),
+        CostEvent::NotSaved(reason) => unsaved = Some(reason.to_string()),
     })?;
+    if let Some(reason) = unsaved {
+        bail!("{reason}");
+    }
     println!("| model | decode ms | r(2) | r(4) | r(8) | r(16) | ms per 100 tokens of context |\n|---|---|---|---|---|---|---|");
     for (&s, c) in subjects.iter().zip(&costs) {
         println!(

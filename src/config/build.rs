@@ -154,7 +154,9 @@ impl Builder<'_> {
         let progress = &mut *self.progress;
         let cost = cache.costs(&[subject], false, &mut |event| match event {
             CostEvent::Measuring(_) => progress(&format!("{event} (once per machine)"), 0, 1),
-            CostEvent::Contended { .. } => eprintln!("cascade: warning: {event}"),
+            CostEvent::Contended { .. } | CostEvent::NotSaved(_) => {
+                eprintln!("cascade: warning: {event}")
+            }
         })?;
         Ok(cost.into_iter().next().expect("one model asked"))
     }

@@ -280,21 +280,10 @@ impl History {
     /// The file's lock (`<path>.lock`, held until dropped), waiting for another process to
     /// release it.
     fn lock(&self) -> Result<std::fs::File> {
-        let mut path = self.path.as_os_str().to_owned();
-        path.push(".lock");
-        let lock = || -> std::io::Result<std::fs::File> {
-            if let Some(dir) = self.path.parent().filter(|d| !d.as_os_str().is_empty()) {
-                std::fs::create_dir_all(dir)?;
-            }
-            let file = std::fs::OpenOptions::new()
-                .create(true)
-                .truncate(false)
-                .write(true)
-                .open(&path)?;
-            file.lock()?;
-            Ok(file)
-        };
-        lock().map_err(|e| bad(&self.path, format!("cannot lock {}: {e}", path.display())))
+        crate::files::lock_beside(&self.path).map_err(|e| {
+            let lock = format!("{}.lock", self.path.display());
+            bad(&self.path, format!("cannot lock {lock}: {e}"))
+        })
     }
 
     /// Writes the file (atomically).
