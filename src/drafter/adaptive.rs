@@ -158,21 +158,30 @@ mod tests {
         }
     }
 
+    /// Two sure tokens, an unsure one, a sure one: a part the gate declines at the third.
+    fn sure_sure_unsure(calls: &Arc<AtomicUsize>) -> Box<dyn Drafter> {
+        Box::new(Scripted {
+            confidences: vec![0.99, 0.99, 0.01, 0.99],
+            at: 0,
+            calls: calls.clone(),
+        })
+    }
+
+    /// `drafter`'s draft of up to 8 tokens after `[0, 1]`, under an adaptive gate.
+    fn adaptive_draft(drafter: &mut dyn Drafter) -> Draft {
+        let mut gate = Gate::adaptive(Adaptive::new(verify()));
+        let (sampling, mut rng) = (Sampling::default(), Rng::seed_from_u64(1));
+        let mut request = Request::new(&sampling, &mut rng, &mut gate, "a".into(), 8, 4);
+        drafter.draft(&[0, 1], &mut request).unwrap()
+    }
+
     /// A part whose token the gate declined is not asked again at the same place: one call
     /// drafts the sure tokens and stops at the unsure one, which ends the draft.
     #[test]
     fn a_part_declined_by_the_gate_is_not_asked_again_there() {
         let calls = Arc::new(AtomicUsize::new(0));
-        let part = Scripted {
-            confidences: vec![0.99, 0.99, 0.01, 0.99],
-            at: 0,
-            calls: calls.clone(),
-        };
-        let mut cascade = AdaptiveCascade::new("a", vec![Box::new(part)]);
-        let mut gate = Gate::adaptive(Adaptive::new(verify()));
-        let (sampling, mut rng) = (Sampling::default(), Rng::seed_from_u64(1));
-        let mut request = Request::new(&sampling, &mut rng, &mut gate, "a".into(), 8, 4);
-        let draft = cascade.draft(&[0, 1], &mut request).unwrap();
+        let mut cascade = AdaptiveCascade::new("a", vec![sure_sure_unsure(&calls)]);
+        let draft = adaptive_draft(&mut cascade);
         assert_eq!((draft.len(), calls.load(Ordering::Relaxed)), (2, 1));
     }
 
@@ -182,18 +191,10 @@ mod tests {
     #[test]
     fn a_nested_cascade_declined_by_the_gate_is_not_asked_again_there() {
         let calls = Arc::new(AtomicUsize::new(0));
-        let part = Scripted {
-            confidences: vec![0.99, 0.99, 0.01, 0.99],
-            at: 0,
-            calls: calls.clone(),
-        };
-        let inner = AdaptiveCascade::new("inner", vec![Box::new(part)]);
+        let inner = AdaptiveCascade::new("inner", vec![sure_sure_unsure(&calls)]);
         let mut outer =
             AdaptiveCascade::new("outer", vec![Box::new(CopyAt { at: 99 }), Box::new(inner)]);
-        let mut gate = Gate::adaptive(Adaptive::new(verify()));
-        let (sampling, mut rng) = (Sampling::default(), Rng::seed_from_u64(1));
-        let mut request = Request::new(&sampling, &mut rng, &mut gate, "a".into(), 8, 4);
-        let draft = outer.draft(&[0, 1], &mut request).unwrap();
+        let draft = adaptive_draft(&mut outer);
         assert_eq!((draft.len(), calls.load(Ordering::Relaxed)), (2, 1));
     }
 
