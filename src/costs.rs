@@ -524,11 +524,12 @@ impl CostCache {
     }
 
     /// The costs of `models`, measuring (together, interleaved) those not cached, or all of
-    /// them with `remeasure`, and updating the cache file. `events` hears which models are
-    /// being measured, and of every cost returned that was measured while other work had the
-    /// CPU: such costs are too high, but they are cached all the same (a busy machine would
-    /// otherwise measure again on every run, slower still), and the warning comes with every
-    /// use until `cascade calibrate` measures them anew.
+    /// them with `remeasure`, and adding them to the cache file (read again first: other
+    /// processes may write it too). `events` hears which models are being measured, of every
+    /// cost returned that was measured while other work had the CPU (such costs are too high,
+    /// but they are cached all the same: a busy machine would otherwise measure again on every
+    /// run, slower still; the warning comes with every use until `cascade calibrate` measures
+    /// them anew), and of costs the file could not keep.
     pub fn costs(
         &mut self,
         models: &[Subject],
@@ -623,9 +624,10 @@ impl CostCache {
                 self.newer = on_disk.newer; // written by a newer build meanwhile
                 return Ok(());
             }
+            // What was measured now, and what is in use if another process pruned it.
             let mut entries = on_disk.entries;
             for (k, e) in &self.entries {
-                if keys.contains(k) || !entries.contains_key(k) {
+                if keys.contains(k) || (in_use.contains(k) && !entries.contains_key(k)) {
                     entries.insert(k.clone(), e.clone());
                 }
             }
@@ -817,13 +819,13 @@ mod tests {
         );
         a.record(vec![("a".into(), entry(10.0))], &[]).unwrap();
         b.record(vec![("b".into(), entry(20.0))], &[]).unwrap();
-        a.record(vec![("b".into(), entry(30.0))], &[]).unwrap();
         let decode = |k: &str| {
-            CostCache::open(&path).unwrap().entries[k]
-                .cost
-                .decode_seconds
+            let cache = CostCache::open(&path).unwrap();
+            cache.entries.get(k).map(|e| e.cost.decode_seconds)
         };
-        assert_eq!((decode("a"), decode("b")), (0.01, 0.03));
+        assert_eq!((decode("a"), decode("b")), (Some(0.01), Some(0.02)));
+        a.record(vec![("b".into(), entry(30.0))], &[]).unwrap();
+        assert_eq!((decode("a"), decode("b")), (Some(0.01), Some(0.03)));
         // Where the file cannot be written, the costs still serve this cache, and the error
         // names the file.
         let blocked = dir.path().join("costs.json").join("costs.json");

@@ -283,12 +283,15 @@ impl<'a> Request<'a> {
     }
 
     /// Counts `n` tokens a part admitted toward this request's cap (more than the part was
-    /// admitted fails [`Request::check`]), and whether the gate `declined` one of the part's
-    /// tokens: then this request's too, so that a cascade asking this one (a cascade nested in
-    /// another) does not ask it again at the same place to be declined again.
-    pub fn count_part(&mut self, n: usize, declined: bool) {
+    /// admitted fails [`Request::check`]).
+    pub fn count_part(&mut self, n: usize) {
         self.used += n;
-        self.declined |= declined;
+    }
+
+    /// Marks this request as declined by the gate: for a cascade that, asked again where its
+    /// draft ends, would be declined again there (one of its parts was).
+    pub fn set_declined(&mut self) {
+        self.declined = true;
     }
 
     /// Holds a drafter's answer to its contract: exactly the tokens admitted, one distribution

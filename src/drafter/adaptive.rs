@@ -80,6 +80,11 @@ impl Drafter for AdaptiveCascade {
             }
             break; // no part drafts here
         }
+        // A part declined where the draft ends would be declined there again, and so would
+        // this cascade: a cascade above it (a server's prediction ahead of it) should not ask.
+        if declined_at.contains(&Some(seq.len())) {
+            request.set_declined();
+        }
         Ok(out)
     }
 

@@ -63,7 +63,7 @@ pub(crate) fn ask_part(
     let draft = drafter.draft(seq, &mut part)?;
     part.check(&draft, drafter.name())?;
     let (admitted, declined) = (part.admitted(), part.declined());
-    request.count_part(admitted, declined);
+    request.count_part(admitted);
     Ok((draft, declined))
 }
 
