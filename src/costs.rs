@@ -612,12 +612,7 @@ impl CostCache {
         if self.newer.is_some() {
             return Ok(()); // a newer build's file: left as it is
         }
-        let _lock = crate::files::lock_beside(&self.path).map_err(|e| {
-            Error::config(
-                self.path.display().to_string(),
-                format!("cannot write the cost cache: {e}"),
-            )
-        })?;
+        let _lock = crate::files::lock_beside(&self.path).map_err(|e| self.unwritable(e))?;
         // An unreadable file is replaced, as `calibrate` replaces it.
         if let Ok(on_disk) = Self::open(&self.path) {
             if on_disk.newer.is_some() {
@@ -648,12 +643,15 @@ impl CostCache {
             entries: self.entries.clone(),
         };
         let text = serde_json::to_string_pretty(&file).expect("plain data");
-        crate::files::write_atomically(&self.path, text.as_bytes()).map_err(|e| {
-            Error::config(
-                self.path.display().to_string(),
-                format!("cannot write the cost cache: {e}"),
-            )
-        })
+        crate::files::write_atomically(&self.path, text.as_bytes()).map_err(|e| self.unwritable(e))
+    }
+
+    /// The error of a cache file that cannot be locked or written.
+    fn unwritable(&self, e: std::io::Error) -> Error {
+        Error::config(
+            self.path.display().to_string(),
+            format!("cannot write the cost cache: {e}"),
+        )
     }
 }
 

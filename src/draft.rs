@@ -295,8 +295,11 @@ impl<'a> Request<'a> {
     }
 
     /// Holds a drafter's answer to its contract: exactly the tokens admitted, one distribution
-    /// per token, ids inside the reviewer's vocabulary. `who` names the drafter in the error.
-    pub fn check(&self, draft: &Draft, who: &str) -> Result<()> {
+    /// per token, ids inside the reviewer's vocabulary, probabilities that sum to 1 within
+    /// 1e-3. `who` names the drafter in the error. A distribution off by more than rounding
+    /// (in f64) but within that bound is rescaled to sum to 1: sampling normalizes its
+    /// weights, so the token was drawn from the rescaled one, and the review must read its q.
+    pub fn check(&self, draft: &mut Draft, who: &str) -> Result<()> {
         let vocab = self.vocab;
         let broke = |what: String| Err(Error::Drafter(format!("`{who}` {what}")));
         if draft.tokens.len() != draft.dists.len() {
@@ -318,7 +321,7 @@ impl<'a> Request<'a> {
                 "proposed token id {t}, outside the vocabulary ({vocab} tokens)"
             ));
         }
-        for (i, (&t, dist)) in draft.tokens.iter().zip(&draft.dists).enumerate() {
+        for (i, (&t, dist)) in draft.tokens.iter().zip(&mut draft.dists).enumerate() {
             let inside = match dist {
                 Dist::Point(x) => (*x as usize) < vocab,
                 Dist::Dense(p) => p.len() == vocab,
@@ -344,7 +347,7 @@ impl<'a> Request<'a> {
                         ));
                     }
                     s.iter()
-                        .map(|&(_, p)| if p >= 0.0 { p } else { f32::NAN })
+                        .map(|&(_, p)| if p >= 0.0 { f64::from(p) } else { f64::NAN })
                         .sum()
                 }
             };
@@ -355,8 +358,12 @@ impl<'a> Request<'a> {
             }
             if (total - 1.0).abs() > 1e-3 {
                 return broke(format!(
-                    "reported a distribution at position {i} whose probabilities sum to {total}, not 1"
+                    "reported a distribution at position {i} whose probabilities sum to {}, not 1",
+                    total as f32
                 ));
+            }
+            if (total - 1.0).abs() > f64::from(f32::EPSILON) {
+                dist.rescale(1.0 / total);
             }
             let p = dist.prob(t);
             if p.is_nan() || p <= 0.0 {
@@ -369,21 +376,19 @@ impl<'a> Request<'a> {
     }
 }
 
-/// The sum of probabilities, NaN if one is negative or NaN (eight lanes: vectorized).
-fn sum(p: &[f32]) -> f32 {
-    let mut lanes = [0.0f32; 8];
+/// The sum of probabilities in f64, as sampling adds them; NaN if one is negative or NaN
+/// (eight lanes: vectorized).
+fn sum(p: &[f32]) -> f64 {
+    let checked = |v: f32| if v >= 0.0 { f64::from(v) } else { f64::NAN };
+    let mut lanes = [0.0f64; 8];
     let mut chunks = p.chunks_exact(8);
     for c in &mut chunks {
         for (l, &v) in lanes.iter_mut().zip(c) {
-            *l += if v >= 0.0 { v } else { f32::NAN };
+            *l += checked(v);
         }
     }
-    let rest: f32 = chunks
-        .remainder()
-        .iter()
-        .map(|&v| if v >= 0.0 { v } else { f32::NAN })
-        .sum();
-    lanes.iter().sum::<f32>() + rest
+    let rest: f64 = chunks.remainder().iter().map(|&v| checked(v)).sum();
+    lanes.iter().sum::<f64>() + rest
 }
 
 /// A greedy draft of up to `k` tokens (the unit tests' drafters use ids below 2^20).
@@ -440,8 +445,8 @@ fn propose_within(
     let mut gate = Gate::fixed();
     let source = drafter.name().into();
     let mut request = Request::new(sampling, rng, &mut gate, source, k, vocab).with_ends(ends);
-    let draft = drafter.draft(context, &mut request)?;
-    request.check(&draft, drafter.name())?;
+    let mut draft = drafter.draft(context, &mut request)?;
+    request.check(&mut draft, drafter.name())?;
     Ok(draft)
 }
 

@@ -221,7 +221,7 @@ impl Reviewer {
                     .with_cancel(self.cancel.clone())
                     .with_ends(self.ends.clone());
                 let mut draft = d.draft(context, &mut request)?;
-                request.check(&draft, d.name())?;
+                request.check(&mut draft, d.name())?;
                 // Nothing after an end of the text can be kept: not worth verifying.
                 if let Some(i) = draft.tokens().iter().position(|t| self.ends.contains(t)) {
                     draft.truncate(i + 1);

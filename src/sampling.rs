@@ -254,6 +254,16 @@ impl Dist {
         }
     }
 
+    /// Multiplies every probability by `factor` (a point mass has none to scale).
+    pub fn rescale(&mut self, factor: f64) {
+        let scale = |p: &mut f32| *p = (f64::from(*p) * factor) as f32;
+        match self {
+            Dist::Point(_) => {}
+            Dist::Dense(p) => p.iter_mut().for_each(scale),
+            Dist::Sparse(s) => s.iter_mut().for_each(|(_, p)| scale(p)),
+        }
+    }
+
     /// Draws one token.
     pub fn sample(&self, rng: &mut impl rand::Rng) -> u32 {
         match self {

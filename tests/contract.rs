@@ -170,6 +170,28 @@ fn a_token_its_reported_distribution_cannot_draw_is_an_error_at_every_level() {
 }
 
 #[test]
+fn a_distribution_off_by_less_than_the_bound_is_reviewed_as_the_one_sampling_draws_from() {
+    // Sampling normalizes: weights summing to 0.9995 draw token 1 with 0.4998 / 0.9995, which
+    // is the q the review must read. A normalized distribution is left bit for bit as it was.
+    let off = Dist::Dense(vec![0.0, 0.4998, 0.4997, 0.0, 0.0, 0.0]);
+    let exact = Dist::Sparse(vec![(1, 0.25), (2, 0.75)]);
+    for (dist, want) in [(off, 0.4998 / 0.9995), (exact, 0.25)] {
+        let mut plug_in = Broken {
+            token: 1,
+            ask: true,
+            dist: Some(dist),
+        };
+        let mut rng = Rng::seed_from_u64(0);
+        let draft = try_propose(&mut plug_in, &[1], 1, VOCAB, &Sampling::greedy(), &mut rng)
+            .expect("within the bound");
+        let q = &draft.dists()[0];
+        assert_eq!(q.prob(1), want as f32);
+        let total: f64 = (0..VOCAB as u32).map(|t| f64::from(q.prob(t))).sum();
+        assert!((total - 1.0).abs() < 1e-7, "sums to {total}");
+    }
+}
+
+#[test]
 fn a_cascade_asked_to_continue_nothing_is_an_error() {
     let mut v = VerticalCascade::new("v", toy(), Box::new(NeuralDrafter::new("n", toy())), 3, 1.0);
     let mut rng = Rng::seed_from_u64(0);

@@ -14,8 +14,9 @@
 //! File layout (little-endian): `b"CSHISTRY"`, version `u32`, tokenizer fingerprint `u64`,
 //! vocabulary size `u32`, token count `u32`, the tokens (`u32` each, outputs separated by
 //! `u32::MAX`), and the CRC-32 (`u32`) of everything before it. Reading checks the length
-//! against the file size before allocating, the checksum, and every token id; a file for
-//! another tokenizer is refused. Writing goes to a temporary file renamed over the old one.
+//! against the file size before allocating, the checksum, then the tokenizer (a file for
+//! another one is refused) and every token id. Writing goes to a temporary file renamed over
+//! the old one.
 
 use crate::error::{Error, Result};
 use std::path::{Path, PathBuf};
@@ -317,16 +318,6 @@ fn parse(bytes: &[u8], path: &Path, fingerprint: u64, vocab: usize) -> Result<Ve
             format!("format version {version}, this build reads {VERSION}"),
         ));
     }
-    let theirs = u64::from_le_bytes(bytes[12..20].try_into().unwrap());
-    if theirs != fingerprint || u32_at(20) as usize != vocab {
-        return Err(bad(
-            path,
-            format!(
-                "written for another tokenizer (fingerprint {theirs:016x}, the model's is \
-                 {fingerprint:016x}); delete it or point `history` elsewhere"
-            ),
-        ));
-    }
     let count = u32_at(24) as usize;
     let expected = 28 + 4 * count + 4;
     if bytes.len() != expected {
@@ -340,6 +331,17 @@ fn parse(bytes: &[u8], path: &Path, fingerprint: u64, vocab: usize) -> Result<Ve
     }
     if crc32fast::hash(&bytes[..expected - 4]) != u32_at(expected - 4) {
         return Err(bad(path, "corrupt: checksum mismatch".into()));
+    }
+    // After the checksum: a flipped bit in the header is damage, not another tokenizer.
+    let theirs = u64::from_le_bytes(bytes[12..20].try_into().unwrap());
+    if theirs != fingerprint || u32_at(20) as usize != vocab {
+        return Err(bad(
+            path,
+            format!(
+                "written for another tokenizer (fingerprint {theirs:016x}, the model's is \
+                 {fingerprint:016x}); delete it or point `history` elsewhere"
+            ),
+        ));
     }
     let tokens: Vec<u32> = (0..count).map(|i| u32_at(28 + 4 * i)).collect();
     if tokens.iter().any(|&t| t != SEP && t as usize >= vocab)
@@ -499,9 +501,15 @@ mod tests {
             )
         );
         assert!(error(&good[..good.len() - 3], 7).contains("truncated or corrupt"));
-        let mut flipped = good.clone();
-        flipped[30] ^= 1;
-        assert!(error(&flipped, 7).contains("checksum mismatch"));
+        for at in [13, 30] {
+            // A bit flipped in the tokenizer's fingerprint, or in a token.
+            let mut flipped = good.clone();
+            flipped[at] ^= 1;
+            assert!(
+                error(&flipped, 7).contains("checksum mismatch"),
+                "byte {at}"
+            );
+        }
         assert!(error(b"not a history file at all..........", 7).contains("bad magic"));
         let mut future = good.clone();
         future[8] = 9;

@@ -60,8 +60,8 @@ pub(crate) fn ask_part(
         Share::UpTo(cap) => request.part(source, cap),
         Share::Step => request.step(source),
     };
-    let draft = drafter.draft(seq, &mut part)?;
-    part.check(&draft, drafter.name())?;
+    let mut draft = drafter.draft(seq, &mut part)?;
+    part.check(&mut draft, drafter.name())?;
     let (admitted, declined) = (part.admitted(), part.declined());
     request.count_part(admitted);
     Ok((draft, declined))
