@@ -24,6 +24,7 @@ use candle_core::quantized::k_quants::{
     BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ5K, BlockQ5_0, BlockQ5_1, BlockQ6K, BlockQ8_0,
 };
 use half::f16;
+use rayon::prelude::*;
 
 /// Values per K-quant block, and per packed block of every format.
 pub const QK: usize = 256;
@@ -504,16 +505,25 @@ fn q4k_unpacked_scales(s: &[u8; 12]) -> [u8; 16] {
 
 /// Packs rows of `cols` values stored as 32-value blocks into groups of eight, padding each
 /// row with `zero` blocks to a multiple of 256 values.
-fn pack_groups<T, P>(blocks: &[T], cols: usize, zero: &T, pack: impl Fn([&T; 8]) -> P) -> Vec<P> {
+fn pack_groups<T: Sync, P: Send>(
+    blocks: &[T],
+    cols: usize,
+    zero: &T,
+    pack: impl Fn([&T; 8]) -> P + Sync,
+) -> Vec<P> {
     let per_row = cols / 32;
     blocks
-        .chunks_exact(per_row)
-        .flat_map(|row| {
+        .par_chunks_exact(per_row)
+        .flat_map_iter(|row| {
             (0..per_row.div_ceil(8))
                 .map(|g| pack(std::array::from_fn(|i| row.get(8 * g + i).unwrap_or(zero))))
-                .collect::<Vec<_>>()
         })
         .collect()
+}
+
+/// `pack` over `blocks` on every core: packing is most of a model's load time.
+fn pack_each<T: Sync, P: Send>(blocks: &[T], pack: impl Fn(&T) -> P + Sync + Send) -> Vec<P> {
+    blocks.par_iter().map(pack).collect()
 }
 
 /// A packed block of 256 values.
@@ -710,16 +720,16 @@ impl PackedBlock for PackedQ5_1Planes {
 }
 
 pub(super) fn pack_q4k(blocks: &[BlockQ4K]) -> Rows<PackedQ4K> {
-    Rows::whole(view::<_, Q4K>(blocks).iter().map(PackedQ4K::new).collect())
+    Rows::whole(pack_each(view::<_, Q4K>(blocks), PackedQ4K::new))
 }
 
 pub(super) fn pack_q5k(blocks: &[BlockQ5K]) -> Rows<PackedQ5KPlanes> {
-    let pack = |b| PackedQ5K::new(b, high_planes);
-    Rows::whole(view::<_, Q5K>(blocks).iter().map(pack).collect())
+    let pack = |b: &Q5K| PackedQ5K::new(b, high_planes);
+    Rows::whole(pack_each(view::<_, Q5K>(blocks), pack))
 }
 
 pub(super) fn pack_q6k<const V: usize>(blocks: &[BlockQ6K]) -> Rows<PackedQ6K<V>> {
-    Rows::whole(view::<_, Q6K>(blocks).iter().map(PackedQ6K::new).collect())
+    Rows::whole(pack_each(view::<_, Q6K>(blocks), PackedQ6K::new))
 }
 
 const Q5_0_ZERO: Q5_0 = Q5_0 {
@@ -748,11 +758,11 @@ const Q5_1_ZERO: Q5_1 = Q5_1 {
 
 /// Rows of a per-32 format packed eight blocks at a time ([`pack_groups`]), each row's short
 /// last block kept in half size ([`split_tails`]).
-fn pack_per32<C, T, P: Halves + Clone>(
+fn pack_per32<C, T: Sync, P: Halves + Clone + Send>(
     blocks: &[C],
     cols: usize,
     zero: &T,
-    pack: impl Fn([&T; 8]) -> P,
+    pack: impl Fn([&T; 8]) -> P + Sync,
 ) -> Rows<P, P::Half> {
     split_tails(pack_groups(view(blocks), cols, zero, pack), cols)
 }
