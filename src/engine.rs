@@ -173,7 +173,8 @@ impl Stats {
 /// The result of one generation.
 #[derive(Clone, Debug, Serialize)]
 pub struct Generation {
-    /// Generated token ids (not the end-of-sequence token that ended the generation, if one did).
+    /// Generated token ids (not the end-of-sequence token that ended the generation, if one did;
+    /// those of a stop string, which `text` leaves out, included).
     pub tokens: Vec<u32>,
     /// The generated text, cut before a stop string.
     pub text: String,

@@ -32,6 +32,30 @@ fn cascade_env(args: &[&str], stdin: Option<&str>, env: &[(&str, &str)]) -> (boo
     )
 }
 
+#[test]
+fn no_draft_on_an_adaptive_config_measures_no_costs() {
+    // Plain decoding has no gate: a fresh machine's first `--no-draft` run must not calibrate.
+    let _s = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let costs = dir.path().join("costs.json");
+    let env = [("CASCADE_COSTS", costs.to_str().unwrap())];
+    let args = [
+        "generate",
+        "-c",
+        "configs/adaptive.toml",
+        "--no-draft",
+        "-n",
+        "2",
+        "-p",
+        "hi",
+    ];
+    let (ok, out, err) = cascade_env(&args, None, &env);
+    assert!(ok, "{err}");
+    assert!(!out.is_empty());
+    assert!(!costs.exists(), "costs measured: {err}");
+    assert!(!err.contains("measuring"), "{err}");
+}
+
 /// The number of categories in the bench's default prompt suite.
 fn suite_categories() -> usize {
     let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("prompts/suite.jsonl");

@@ -117,7 +117,10 @@ pub fn generate(args: GenerateArgs) -> Result<()> {
     g.system = args.system.clone().or(g.system.take());
     raw.target.k = args.k.unwrap_or(raw.target.k);
     if args.no_draft {
+        // Plain decoding: no drafter, and no gate whose costs would be measured for nothing.
         raw.target.drafter = None;
+        raw.target.adaptive = false;
+        raw.target.acceptance.clear();
     }
     if args.num_samples == 0 {
         bail!("--num-samples must be >= 1");
