@@ -554,6 +554,15 @@ fn errors_are_reported_without_a_panic() {
         bench_error(&["-p", suite.to_str().unwrap()]),
         "cascade: --prompts: the prompt on line 2 of the suite (chat) is empty"
     );
+    // Wrapped in the chat template, an empty prompt still has tokens: refused all the same.
+    let chat = std::fs::read_to_string(&suite)
+        .unwrap()
+        .replace("\"chat\": false", "\"chat\": true");
+    std::fs::write(&suite, chat).unwrap();
+    assert_eq!(
+        bench_error(&["-p", suite.to_str().unwrap()]),
+        "cascade: --prompts: the prompt on line 2 of the suite (chat) is empty"
+    );
     // A report whose target costs are unusable, and one of another schema.
     let report = dir.path().join("report.json");
     let mut doc: serde_json::Value =

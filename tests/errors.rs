@@ -467,6 +467,16 @@ fn malformed_acceptance_priors() {
          0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.98, 0.99, 1, then positions without \
          confidence), got 2"
     );
+    // A K matrix's parts learn under their own names (`plan --write` writes them): accepted.
+    let k_matrix = format!(
+        "{TARGET_ONLY}drafter = \"cs\"\nadaptive = true\n[target.acceptance]\n\
+         \"cs.d1\" = {fourteen}\n{MAG}[drafters.cs]\nkind = \"k_matrix\"\n\
+         reviewers = [\"{DRAFT}\"]\nlast = \"mag\"\nk_matrix = [[4, 2]]\n"
+    );
+    let plan = RawConfig::parse(&k_matrix, "test.toml")
+        .and_then(|c| c.validate(&models_dir()))
+        .unwrap();
+    assert_eq!(plan.acceptance[0].0, "cs.d1");
     let high = format!("[{}, 1.5]", vec!["0.5"; 13].join(", "));
     assert_eq!(
         config_error(&cfg(true, &format!("mag = {high}"))),
@@ -663,6 +673,58 @@ fn cascade_cycles() {
     assert_eq!(
         e,
         "drafters.top.schedule[0]: drafters form a cycle: top -> top"
+    );
+}
+
+#[test]
+fn cascade_trees_too_large_or_too_deep() {
+    // Each drafter names the one below twice: 2^22 drafters from 23 tables, refused at once
+    // (it took seconds and gigabytes to expand).
+    let doubling: String = (1..=22)
+        .map(|i| {
+            let below = if i == 1 {
+                "mag".into()
+            } else {
+                format!("h{}", i - 1)
+            };
+            let name = if i == 22 {
+                "top".into()
+            } else {
+                format!("h{i}")
+            };
+            format!(
+                "[drafters.{name}]\nkind = \"horizontal\"\n\
+                 schedule = [[\"{below}\", 1], [\"{below}\", 1]]\n"
+            )
+        })
+        .collect();
+    let e = tree_error(&format!("{MAG}{doubling}"));
+    assert!(
+        e.ends_with(
+            "the drafter tree holds more than 256 drafters (a drafter named in several places \
+             is built once per place)"
+        ),
+        "{e}"
+    );
+    // A chain of 200,000 overflowed the stack; one deeper than 32 is refused.
+    let chain: String = (1..=40)
+        .map(|i| {
+            let below = if i == 1 {
+                "mag".into()
+            } else {
+                format!("c{}", i - 1)
+            };
+            let name = if i == 40 {
+                "top".into()
+            } else {
+                format!("c{i}")
+            };
+            format!("[drafters.{name}]\nkind = \"horizontal\"\nschedule = [[\"{below}\", 1]]\n")
+        })
+        .collect();
+    assert_eq!(
+        tree_error(&format!("{MAG}{chain}")),
+        "drafters.c9.schedule[0]: drafters nest more than 32 deep: top -> ..."
     );
 }
 

@@ -279,7 +279,8 @@ pub fn run(
     let context = engines.iter().map(|(_, e, _)| e.target().max_len()).min();
     for (i, (p, tokens)) in suite.iter().zip(&prompts).enumerate() {
         let problem = match context {
-            _ if tokens.is_empty() => "is empty".to_string(),
+            // A chat prompt's template adds tokens around it: its own text must be there.
+            _ if tokens.is_empty() || p.prompt.is_empty() => "is empty".to_string(),
             Some(c) if tokens.len() >= c => {
                 format!("has {} tokens but the context holds {c}", tokens.len())
             }

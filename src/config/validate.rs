@@ -146,6 +146,21 @@ impl DrafterNode {
         }
     }
 
+    /// The names of this node and every node below it (a K matrix's expanded parts
+    /// included: `cs.d1`, `cs.level1`).
+    pub fn names<'a>(&'a self, out: &mut Vec<&'a str>) {
+        out.push(&self.name);
+        match &self.kind {
+            DrafterPlan::Vertical { inner, .. } => inner.names(out),
+            DrafterPlan::Horizontal { parts } => parts.iter().for_each(|(n, _)| n.names(out)),
+            DrafterPlan::Adaptive { parts } => parts.iter().for_each(|n| n.names(out)),
+            DrafterPlan::Model { .. }
+            | DrafterPlan::Bigram { .. }
+            | DrafterPlan::MaxGram { .. }
+            | DrafterPlan::Plugin { .. } => {}
+        }
+    }
+
     /// Whether this node or one below it sizes its drafts adaptively.
     pub fn has_adaptive(&self) -> bool {
         match &self.kind {
@@ -278,16 +293,18 @@ impl RawConfig {
             raw: self,
             base,
             registry,
+            built: Default::default(),
         };
         let drafter = match &t.drafter {
             None => None,
             Some(name) => Some(v.node(name, "target.drafter", &mut Vec::new())?),
         };
+        let acceptance = acceptance(t, &self.drafters, drafter.as_ref())?;
         Ok(Plan {
             target: v.model(&t.model, &t.tokenizer, "target")?,
             drafter,
             adaptive: t.adaptive,
-            acceptance: acceptance(t, &self.drafters)?,
+            acceptance,
             context: t.context,
             options: GenerateOptions {
                 max_new_tokens: self.generation.max_new_tokens,
@@ -307,11 +324,17 @@ impl RawConfig {
 }
 
 /// `[target.acceptance]`: for an adaptive target, one value in [0, 1] per confidence bucket
-/// for drafters of the config.
+/// for drafters of the config, or of its tree (a K matrix's parts, as `plan --write` names
+/// them).
 fn acceptance(
     t: &RawTarget,
     drafters: &BTreeMap<String, RawDrafter>,
+    tree: Option<&DrafterNode>,
 ) -> Result<Vec<(String, Priors)>> {
+    let mut in_tree = Vec::new();
+    if let Some(node) = tree {
+        node.names(&mut in_tree);
+    }
     if !t.acceptance.is_empty() && !t.adaptive {
         return Err(Error::config(
             "target.acceptance",
@@ -322,7 +345,7 @@ fn acceptance(
         .iter()
         .map(|(name, values)| {
             let at = format!("target.acceptance.{name}");
-            if !drafters.contains_key(name) {
+            if !drafters.contains_key(name) && !in_tree.contains(&name.as_str()) {
                 return Err(Error::config(
                     at,
                     format!(
@@ -400,7 +423,16 @@ struct Validator<'a> {
     raw: &'a RawConfig,
     base: &'a Path,
     registry: &'a Registry,
+    /// Drafters built so far: one per place a name is referenced.
+    built: std::cell::Cell<usize>,
 }
+
+/// Most drafters in a tree, counting a drafter named in several places once per place: each
+/// place is built on its own, so drafters that each name another twice would double the tree
+/// at every level.
+pub const MAX_DRAFTERS: usize = 256;
+/// Most drafters nested inside one another (each resolved by recursion).
+pub const MAX_DEPTH: usize = 32;
 
 impl Validator<'_> {
     fn model(&self, src: &ModelSource, tok: &Option<PathBuf>, at: &str) -> Result<ModelPlan> {
@@ -445,6 +477,25 @@ impl Validator<'_> {
         if stack.iter().any(|s| s == name) {
             let cycle = [&stack[..], &[name.to_string()]].concat().join(" -> ");
             return Err(Error::config(at, format!("drafters form a cycle: {cycle}")));
+        }
+        if stack.len() == MAX_DEPTH {
+            return Err(Error::config(
+                at,
+                format!(
+                    "drafters nest more than {MAX_DEPTH} deep: {} -> ...",
+                    stack[0]
+                ),
+            ));
+        }
+        self.built.set(self.built.get() + 1);
+        if self.built.get() > MAX_DRAFTERS {
+            return Err(Error::config(
+                at,
+                format!(
+                    "the drafter tree holds more than {MAX_DRAFTERS} drafters (a drafter named in \
+                     several places is built once per place)"
+                ),
+            ));
         }
         stack.push(name.to_string());
         let here = format!("drafters.{name}");
