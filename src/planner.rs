@@ -575,8 +575,32 @@ fn part_cost(
 
 /// Writes the best settings of `levels` into the config document `doc` (parsed from the
 /// file `raw` was read from): draft lengths `k`, schedules, K-matrix rows and `last_k`.
-pub fn write_best(raw: &RawConfig, doc: &mut toml::Value, levels: &[LevelPlan]) -> Result<()> {
+/// Returns a warning for each K-matrix setting whose copies were planned otherwise: from two
+/// reviewers on, a reviewer stands in several places of the tree, which share one row and one
+/// `last_k`; the one planned last (nearest the target) is written.
+pub fn write_best(
+    raw: &RawConfig,
+    doc: &mut toml::Value,
+    levels: &[LevelPlan],
+) -> Result<Vec<String>> {
     let _ = raw;
+    // Each K-matrix setting written so far: its value and the place it was planned for.
+    let mut written: Vec<(String, toml::Value, String)> = Vec::new();
+    let mut warnings = Vec::new();
+    let mut note = |key: String, value: &toml::Value, place: &str| match written
+        .iter_mut()
+        .find(|(k, ..)| *k == key)
+    {
+        Some((_, v, p)) if v != value => {
+            warnings.push(format!(
+                "{key}: planned {v} for `{p}` and {value} for `{place}`, which share it; \
+                     wrote {value}"
+            ));
+            (*v, *p) = (value.clone(), place.to_string());
+        }
+        Some(_) => {}
+        None => written.push((key, value.clone(), place.to_string())),
+    };
     for l in levels {
         let best = l.best();
         let total = best.iter().sum::<usize>() as i64;
@@ -584,6 +608,7 @@ pub fn write_best(raw: &RawConfig, doc: &mut toml::Value, levels: &[LevelPlan]) 
         match &l.reviewer {
             Reviewing::Target => *entry(doc, &["target", "k"])? = total.into(),
             Reviewing::Cascade(NodeRef {
+                name,
                 k_matrix:
                     Some(KMatrixRole::Reviewer {
                         matrix,
@@ -593,7 +618,9 @@ pub fn write_best(raw: &RawConfig, doc: &mut toml::Value, levels: &[LevelPlan]) 
                 ..
             }) => {
                 if index == reviewers {
-                    *entry(doc, &["drafters", matrix, "last_k"])? = total.into();
+                    let value = toml::Value::from(total);
+                    note(format!("drafters.{matrix}.last_k"), &value, name);
+                    *entry(doc, &["drafters", matrix, "last_k"])? = value;
                 } // else the row written below sums to it
             }
             Reviewing::Cascade(n) => *entry(doc, &["drafters", &n.name, "k"])? = total.into(),
@@ -621,7 +648,13 @@ pub fn write_best(raw: &RawConfig, doc: &mut toml::Value, levels: &[LevelPlan]) 
                     .ok_or_else(|| {
                         Error::Plan(format!("drafters.{matrix}.k_matrix lacks row {row}"))
                     })?;
-                *slot = toml::Value::Array(cells.into_iter().map(toml::Value::from).collect());
+                let value = toml::Value::Array(cells.into_iter().map(toml::Value::from).collect());
+                note(
+                    format!("drafters.{matrix}.k_matrix[{}]", row - 1),
+                    &value,
+                    &l.draft.name,
+                );
+                *slot = value;
             }
             _ if l.parts.len() > 1 => {
                 let kept: Vec<toml::Value> = l
@@ -638,7 +671,7 @@ pub fn write_best(raw: &RawConfig, doc: &mut toml::Value, levels: &[LevelPlan]) 
             _ => {}
         }
     }
-    Ok(())
+    Ok(warnings)
 }
 
 /// Makes the file paths of a config document absolute (relative ones are taken from `base`,

@@ -911,6 +911,86 @@ fn plan_and_write(config: &str, max_k: usize, written: &Path) -> (String, toml::
     (stdout, doc)
 }
 
+/// From two reviewers on, d2 stands in two places (in row 1, and inside d1), each named by its
+/// path and measured on its own; the one `last_k` they share is written with a warning when
+/// they were planned otherwise. The committed report's one-reviewer runs, relabelled: d2
+/// inside d1 always kept, d2 in row 1 never.
+#[test]
+fn plan_warns_where_a_k_matrix_reviewers_places_disagree() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string("docs/bench/report.json").unwrap()).unwrap();
+    for run in report["runs"].as_array_mut().unwrap() {
+        if run["config"] != "cs-drafting-k-matrix" {
+            continue;
+        }
+        run["config"] = "km2".into();
+        let Some(level) = run["levels"].as_array().and_then(|l| l.first()).cloned() else {
+            continue;
+        };
+        let n = level["reviews"].clone();
+        let mut kept = level.clone();
+        kept["node"] = "km2.d1.d2".into();
+        for key in ["drafted_at", "reached_at", "accepted_at"] {
+            kept[key] = serde_json::json!(vec![n.clone(); 8]);
+        }
+        let mut never = level.clone();
+        never["node"] = "km2.d2".into();
+        never["accepted_at"] = serde_json::json!(vec![0; 8]);
+        let mut d1 = level;
+        d1["node"] = "km2.d1".into();
+        run["levels"] = serde_json::json!([d1, kept, never]);
+    }
+    let report_path = dir.path().join("report.json");
+    std::fs::write(&report_path, report.to_string()).unwrap();
+    let root = env!("CARGO_MANIFEST_DIR");
+    let small = format!("{root}/models/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf");
+    let config = dir.path().join("km2.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[target]\nmodel = \"{root}/models/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf\"\n\
+             drafter = \"km2\"\nk = 5\n[drafters.mag]\nkind = \"max_gram\"\n\
+             [drafters.km2]\nkind = \"k_matrix\"\nreviewers = [\"{small}\", \"{small}\"]\n\
+             last = \"mag\"\nk_matrix = [[2, 2, 1], [3, 1]]\nlast_k = 10\n\
+             [generation]\nmax_new_tokens = 64\nchat = true\n"
+        ),
+    )
+    .unwrap();
+    let written = dir.path().join("best.toml");
+    let (ok, stdout, err) = cascade(
+        &[
+            "plan",
+            "-r",
+            report_path.to_str().unwrap(),
+            "-c",
+            config.to_str().unwrap(),
+            "--max-k",
+            "6",
+            "--write",
+            written.to_str().unwrap(),
+        ],
+        None,
+    );
+    assert!(ok, "{err}");
+    for place in ["km2.d1.d2 reviews `mag`", "km2.d2 reviews `mag`"] {
+        assert!(stdout.contains(place), "{stdout}");
+    }
+    let doc: toml::Value = toml::from_str(&std::fs::read_to_string(&written).unwrap()).unwrap();
+    let last_k = doc["drafters"]["km2"]["last_k"].as_integer().unwrap();
+    // What the always-kept place planned differs from what was written for the other.
+    let warning = err
+        .lines()
+        .find_map(|l| l.strip_prefix("warning: drafters.km2.last_k: planned "))
+        .unwrap_or_else(|| panic!("no warning: {err}"));
+    let (theirs, rest) = warning.split_once(" for `km2.d1.d2` and ").unwrap();
+    assert_ne!(theirs, last_k.to_string());
+    assert_eq!(
+        rest,
+        format!("{last_k} for `km2.d2`, which share it; wrote {last_k}")
+    );
+}
+
 /// K-matrix search from the committed bench report: the reviewer's level (measured inside the
 /// cascade) is planned, and the written config's row 1 sums to the target's K.
 #[test]

@@ -328,7 +328,9 @@ pub fn plan(args: PlanArgs) -> Result<()> {
             );
         }
         let mut doc: toml::Value = toml::from_str(&std::fs::read_to_string(&args.config)?)?;
-        planner::write_best(&raw, &mut doc, &levels)?;
+        for warning in planner::write_best(&raw, &mut doc, &levels)? {
+            eprintln!("warning: {warning}");
+        }
         if !acceptance.is_empty() {
             planner::write_acceptance(&mut doc, &acceptance)?;
         }

@@ -764,10 +764,13 @@ fn k_matrix_tree(
         )?;
     }
     // level(r): the draft reviewed at level r (0-based row r), a horizontal node over
-    // d_{r+1}..d_n (each reviewing level(i)) and the last drafter.
+    // d_{r+1}..d_n (each reviewing level(i)) and the last drafter. A reviewer stands in
+    // several places from two reviewers on (d2 in level 1, and inside d1): each place is
+    // named by its path (`cs.d2`, `cs.d1.d2`), so that its counters and learned acceptance
+    // are its own.
     fn level(
         r: usize,
-        name: &str,
+        (name, path): (&str, &str),
         reviewers: &[ModelPlan],
         last: &DrafterNode,
         k: &[Vec<usize>],
@@ -784,8 +787,9 @@ fn k_matrix_tree(
             let node = if i == n {
                 last.clone()
             } else {
+                let here = format!("{path}.d{}", i + 1);
                 let inner = if i + 1 < n {
-                    level(i + 1, name, reviewers, last, k, last_k, l)
+                    level(i + 1, (name, &here), reviewers, last, k, last_k, l)
                 } else {
                     last.clone()
                 };
@@ -795,7 +799,7 @@ fn k_matrix_tree(
                     last_k
                 };
                 DrafterNode {
-                    name: format!("{name}.d{}", i + 1),
+                    name: here,
                     k_matrix: Some(KMatrixRole::Reviewer {
                         matrix: name.to_string(),
                         index: i + 1,
@@ -813,7 +817,7 @@ fn k_matrix_tree(
             parts.push((node, count));
         }
         DrafterNode {
-            name: format!("{name}.level{}", r + 1),
+            name: format!("{path}.level{}", r + 1),
             kind: DrafterPlan::Horizontal { parts },
             k_matrix: Some(KMatrixRole::Level {
                 matrix: name.to_string(),
@@ -822,5 +826,13 @@ fn k_matrix_tree(
             }),
         }
     }
-    Ok(level(0, name, reviewers, &last, k, last_k, lenience))
+    Ok(level(
+        0,
+        (name, name),
+        reviewers,
+        &last,
+        k,
+        last_k,
+        lenience,
+    ))
 }
