@@ -419,9 +419,10 @@ pub(crate) fn propose_ending(
     .expect("the drafter failed")
 }
 
-/// One draft of up to `k` tokens from `drafter` with a fixed-length gate, held to the contract
-/// for a reviewer of `vocab` tokens: for a library user trying a drafter on its own. Returns
-/// the drafter's errors and contract violations.
+/// One draft of up to `k` tokens (at most [`MAX_DRAFT`](crate::config::MAX_DRAFT), as in a
+/// config) from `drafter` with a fixed-length gate, held to the contract for a reviewer of
+/// `vocab` tokens: for a library user trying a drafter on its own. Returns the drafter's errors
+/// and contract violations.
 pub fn try_propose(
     drafter: &mut dyn Drafter,
     context: &[u32],
@@ -430,6 +431,13 @@ pub fn try_propose(
     sampling: &Sampling,
     rng: &mut Rng,
 ) -> Result<Draft> {
+    let most = crate::config::MAX_DRAFT;
+    if k > most {
+        return Err(Error::config(
+            "k",
+            format!("must be at most {most} (tokens drafted per call), got {k}"),
+        ));
+    }
     propose_within(drafter, context, (k, vocab), sampling, rng, Arc::new([]))
 }
 

@@ -192,6 +192,40 @@ fn a_distribution_off_by_less_than_the_bound_is_reviewed_as_the_one_sampling_dra
 }
 
 #[test]
+fn a_draft_longer_than_a_config_allows_is_refused_before_the_drafter_is_asked() {
+    // A Max-Gram copy with no cap per match made room for all k tokens: usize::MAX aborted.
+    let policy = cascade::drafter::MaxGramPolicy {
+        length_per_match: 0.0,
+        ..Default::default()
+    };
+    let mut mag = cascade::drafter::MaxGramDrafter::new("mag", policy, None);
+    let mut rng = Rng::seed_from_u64(0);
+    for k in [65, usize::MAX] {
+        let e = try_propose(
+            &mut mag,
+            &[1, 2, 1],
+            k,
+            VOCAB,
+            &Sampling::greedy(),
+            &mut rng,
+        );
+        assert_eq!(
+            e.unwrap_err().to_string(),
+            format!("k: must be at most 64 (tokens drafted per call), got {k}")
+        );
+    }
+    assert!(try_propose(
+        &mut mag,
+        &[1, 2, 1],
+        64,
+        VOCAB,
+        &Sampling::greedy(),
+        &mut rng
+    )
+    .is_ok());
+}
+
+#[test]
 fn a_cascade_asked_to_continue_nothing_is_an_error() {
     let mut v = VerticalCascade::new("v", toy(), Box::new(NeuralDrafter::new("n", toy())), 3, 1.0);
     let mut rng = Rng::seed_from_u64(0);

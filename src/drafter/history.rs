@@ -26,7 +26,7 @@ const MAGIC: &[u8; 8] = b"CSHISTRY";
 const VERSION: u32 = 1;
 /// Ends every output in the token store (never a token id).
 const SEP: u32 = u32::MAX;
-/// Occurrences scanned for the most frequent continuation.
+/// Occurrences scanned for the most frequent continuation: of more, an evenly spaced sample.
 const SCANNED: usize = 4096;
 
 /// The most recent outputs, searchable by suffix.
@@ -137,7 +137,8 @@ impl History {
 
     /// The longest suffix of `text` (up to `max_ngram` tokens) that an earlier output holds
     /// with a token after it; among its occurrences, the continuation that followed most often
-    /// (ties: the most recent), copied from its most recent occurrence.
+    /// (ties: the most recent), copied from its most recent occurrence (counted, for a suffix
+    /// that occurs more than [`SCANNED`] times, over an evenly spaced sample of them).
     pub fn best_continuation(&self, text: &[u32]) -> Option<HistoryMatch> {
         let mut best = None;
         for n in 1..=self.max_ngram.min(text.len()) {
@@ -149,8 +150,10 @@ impl History {
             best = Some((n, range));
         }
         let (n, range) = best?;
-        // Continuations are sorted within the range: count each run.
-        let scanned = &self.suffixes[range.start..range.end.min(range.start + SCANNED)];
+        // Continuations are sorted within the range: count each run, in a sample spread over
+        // the whole range where it is long (its start alone would hold the lowest token ids).
+        let step = range.len().div_ceil(SCANNED);
+        let scanned: Vec<u32> = self.suffixes[range].iter().step_by(step).copied().collect();
         let (mut top, mut i) = (None::<(usize, usize)>, 0);
         while i < scanned.len() {
             let next = |s: &u32| self.tokens[*s as usize + n];
@@ -394,6 +397,22 @@ mod tests {
         // Nothing follows the end of an output, and unknown text does not match.
         assert_eq!(h.best_continuation(&[2, 4]), None);
         assert_eq!(h.best_continuation(&[50]), None);
+    }
+
+    #[test]
+    fn the_most_frequent_continuation_of_a_common_suffix_is_counted_over_all_of_it() {
+        // 1 is followed by 2 3,000 times and by 9 5,000 times: more occurrences than are
+        // scanned, sorted with the 2s first.
+        let dir = tempfile::tempdir().unwrap();
+        let output: Vec<u32> = [[1, 2]; 3000]
+            .into_iter()
+            .chain([[1, 9]; 5000])
+            .flatten()
+            .collect();
+        let h = history(dir.path(), &[&output], 20_000, 4);
+        let m = h.best_continuation(&[1]).unwrap();
+        assert_eq!(h.copy(m.at, 1), [9]);
+        assert!((m.share - 0.625).abs() < 0.01, "{}", m.share);
     }
 
     /// The longest suffix with a continuation, found by brute force.

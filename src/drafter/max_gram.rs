@@ -187,7 +187,7 @@ impl MaxGram {
     /// Up to `k` tokens copied from match `m`.
     pub fn copy(&self, m: Match, k: usize) -> Vec<u32> {
         let t = self.tokens.len();
-        let mut out: Vec<u32> = Vec::with_capacity(k);
+        let mut out: Vec<u32> = Vec::with_capacity(k.min(crate::config::MAX_DRAFT));
         for i in 0..k {
             let at = m.end + i;
             out.push(if at < t { self.tokens[at] } else { out[at - t] });
@@ -320,7 +320,9 @@ impl Drafter for MaxGramDrafter {
                 }
             }
         }
-        if draft.is_empty() {
+        // A copy the gate declined is not replaced by the table's guesses: they would be
+        // learned under this drafter's name, among its copies' confidences.
+        if draft.is_empty() && !request.declined() {
             if let (Some(table), Some(&last)) = (&self.table, context.last()) {
                 follow_table(table, last, self.policy.bigram_tokens, request, &mut draft);
             }
@@ -462,6 +464,43 @@ mod tests {
         let mut d = MaxGramDrafter::new("mag", policy, None);
         d.start(&[1, 2, 9]).unwrap();
         assert!(propose(&mut d, &[1, 2, 9], 4).is_empty());
+    }
+
+    /// A copy the adaptive gate declines is not replaced by the table's guess, which would be
+    /// learned under Max-Gram's name among its copies' confidences.
+    #[test]
+    fn a_declined_copy_does_not_fall_back_to_the_table() {
+        use crate::costs::ForwardCost;
+        use crate::draft::Request;
+        use crate::gate::{Adaptive, Gate};
+        use crate::sampling::{Rng, Sampling};
+        use rand::SeedableRng;
+        let mut counts = FxHashMap::default();
+        counts.insert((9, 4), 3); // after 9, the table is sure of 4
+        let table = Arc::new(BigramTable::from_counts(&counts, &[], 16, 2, 0));
+        let policy = MaxGramPolicy {
+            max_ngram: 8,
+            min_match: 1,
+            bigram_tokens: 4,
+            ..Default::default()
+        };
+        // 9 was followed by 1, 2 and 3: a one-token match with a third's share, confidence
+        // 1/6, which the gate's fresh estimate does not find worth a verified row at half a
+        // decode step.
+        let context = [9, 1, 9, 2, 9, 3, 9];
+        let verify = ForwardCost {
+            decode_seconds: 0.01,
+            ratios: (1..=16).map(|k| (k, 1.0 + 0.5 * (k - 1) as f64)).collect(),
+            per_context: Vec::new(),
+        };
+        let mut gate = Gate::adaptive(Adaptive::new(verify));
+        let (sampling, mut rng) = (Sampling::default(), Rng::seed_from_u64(1));
+        let mut request = Request::new(&sampling, &mut rng, &mut gate, "mag".into(), 8, 16);
+        let mut d = MaxGramDrafter::new("mag", policy, Some(table));
+        d.start(&context).unwrap();
+        let draft = d.draft(&context, &mut request).unwrap();
+        assert!(request.declined());
+        assert!(draft.is_empty(), "{:?}", draft.tokens());
     }
 
     #[test]
