@@ -676,29 +676,31 @@ fn cascade_cycles() {
     );
 }
 
+/// `levels` horizontal drafters `{prefix}1..`, the last named `top`, each drafting `copies`
+/// times from the one before it (the first from `mag`).
+fn stacked_tree(prefix: &str, levels: usize, copies: usize) -> String {
+    let name = |i: usize| match i {
+        0 => "mag".to_string(),
+        i if i == levels => "top".to_string(),
+        i => format!("{prefix}{i}"),
+    };
+    (1..=levels)
+        .map(|i| {
+            let part = format!("[\"{}\", 1]", name(i - 1));
+            let schedule = vec![part; copies].join(", ");
+            format!(
+                "[drafters.{}]\nkind = \"horizontal\"\nschedule = [{schedule}]\n",
+                name(i)
+            )
+        })
+        .collect()
+}
+
 #[test]
 fn cascade_trees_too_large_or_too_deep() {
     // Each drafter names the one below twice: 2^22 drafters from 23 tables, refused at once
     // (it took seconds and gigabytes to expand).
-    let doubling: String = (1..=22)
-        .map(|i| {
-            let below = if i == 1 {
-                "mag".into()
-            } else {
-                format!("h{}", i - 1)
-            };
-            let name = if i == 22 {
-                "top".into()
-            } else {
-                format!("h{i}")
-            };
-            format!(
-                "[drafters.{name}]\nkind = \"horizontal\"\n\
-                 schedule = [[\"{below}\", 1], [\"{below}\", 1]]\n"
-            )
-        })
-        .collect();
-    let e = tree_error(&format!("{MAG}{doubling}"));
+    let e = tree_error(&format!("{MAG}{}", stacked_tree("h", 22, 2)));
     assert!(
         e.ends_with(
             "the drafter tree holds more than 256 drafters (a drafter named in several places \
@@ -707,23 +709,8 @@ fn cascade_trees_too_large_or_too_deep() {
         "{e}"
     );
     // A chain of 200,000 overflowed the stack; one deeper than 32 is refused.
-    let chain: String = (1..=40)
-        .map(|i| {
-            let below = if i == 1 {
-                "mag".into()
-            } else {
-                format!("c{}", i - 1)
-            };
-            let name = if i == 40 {
-                "top".into()
-            } else {
-                format!("c{i}")
-            };
-            format!("[drafters.{name}]\nkind = \"horizontal\"\nschedule = [[\"{below}\", 1]]\n")
-        })
-        .collect();
     assert_eq!(
-        tree_error(&format!("{MAG}{chain}")),
+        tree_error(&format!("{MAG}{}", stacked_tree("c", 40, 1))),
         "drafters.c9.schedule[0]: drafters nest more than 32 deep: top -> ..."
     );
 }

@@ -444,18 +444,27 @@ mod tests {
         assert!(propose(&mut d, &ctx, 8).is_empty());
     }
 
-    #[test]
-    fn no_match_falls_back_to_the_bigram_table() {
+    /// A table sure of 4 after 9 (and of 6 after 4), and a policy that drafts up to 4 of its
+    /// guesses where nothing matches.
+    fn table_and_policy() -> (Arc<BigramTable>, MaxGramPolicy) {
         let mut counts = FxHashMap::default();
         counts.insert((9, 4), 3);
         counts.insert((4, 6), 1);
-        let table = Arc::new(BigramTable::from_counts(&counts, &[], 16, 2, 0));
         let policy = MaxGramPolicy {
             max_ngram: 8,
             min_match: 1,
             bigram_tokens: 4,
             ..Default::default()
         };
+        (
+            Arc::new(BigramTable::from_counts(&counts, &[], 16, 2, 0)),
+            policy,
+        )
+    }
+
+    #[test]
+    fn no_match_falls_back_to_the_bigram_table() {
+        let (table, policy) = table_and_policy();
         let mut d = MaxGramDrafter::new("mag", policy, Some(table));
         d.start(&[1, 2, 9]).unwrap();
         let draft = propose(&mut d, &[1, 2, 9], 5);
@@ -475,15 +484,7 @@ mod tests {
         use crate::gate::{Adaptive, Gate};
         use crate::sampling::{Rng, Sampling};
         use rand::SeedableRng;
-        let mut counts = FxHashMap::default();
-        counts.insert((9, 4), 3); // after 9, the table is sure of 4
-        let table = Arc::new(BigramTable::from_counts(&counts, &[], 16, 2, 0));
-        let policy = MaxGramPolicy {
-            max_ngram: 8,
-            min_match: 1,
-            bigram_tokens: 4,
-            ..Default::default()
-        };
+        let (table, policy) = table_and_policy();
         // 9 was followed by 1, 2 and 3: a one-token match with a third's share, confidence
         // 1/6, which the gate's fresh estimate does not find worth a verified row at half a
         // decode step.
