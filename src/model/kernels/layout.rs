@@ -434,7 +434,9 @@ fn five_bits_in_planes(qs: &[u8; 128], qh: &[u8; 32], v: usize) -> u8 {
 }
 
 /// The values plus 32 (0..64) of a candle Q6_K block: per 128 values, four 32-value quarters
-/// taking the low/high nibbles of `ql` and successive bit pairs of `qh`.
+/// taking the low/high nibbles of `ql` and successive bit pairs of `qh` (what packing places,
+/// spelled out for its test).
+#[cfg(test)]
 fn q6k_values(b: &Q6K) -> Values {
     let mut out = [0u8; QK];
     for (half, out) in out.chunks_exact_mut(128).enumerate() {
@@ -545,24 +547,40 @@ impl PackedQ4K {
     }
 }
 
-/// [`pack_nibbles`]`::<NARROW>` of [`q4k_values`], eight bytes at a time: Q4_K is most of the
-/// 1.5B, and packing byte by byte was most of its load. Bytes `8q..8q + 8` of each 32-byte
-/// half `m` of candle's `qs` hold values `8q + r` (low nibbles) and `32 + 8q + r` (high) of
-/// that half's 64; in the layout, vector `2q` takes `8q + r` and `2q + 1` takes `8q + 4 + r`,
-/// at byte `8m + r` for the low nibbles' values and `8m + 4 + r` for the high ones'.
+/// [`pack_nibbles`]`::<NARROW>` of [`q4k_values`]: Q4_K is most of the 1.5B, and packing
+/// byte by byte was most of its load.
 fn q4k_narrow_nibbles(qs: &[u8; 128]) -> [u8; 128] {
+    // 64 values per 32 bytes, the low nibbles first.
+    lane_nibbles::<NARROW>(qs, |v| (32 * (v / 64) + v % 32, v % 64 >= 32))
+}
+
+/// Where a Q6_K value's four low bits are in candle's `ql` (byte, high nibble) and its two
+/// high bits in `qh` (byte, shift): each 128-value half in 64 bytes of `ql` and 32 of `qh`,
+/// its quarters in the low nibbles of `ql`'s two 32-byte runs, then in the high ones.
+fn q6k_source(v: usize) -> ((usize, bool), (usize, u32)) {
+    let (half, quarter, l) = (v / 128, v % 128 / 32, v % 32);
+    (
+        (64 * half + 32 * (quarter % 2) + l, quarter >= 2),
+        (32 * half + l, 2 * quarter as u32),
+    )
+}
+
+/// [`pack_nibbles`]`::<V>` of a block's values, four bytes at a time: each 4-byte run of the
+/// layout holds four consecutive values of a lane, in the low nibbles, and the next vector's
+/// four in the high ones. `at(v)` is where value `v`'s nibble is in `src` (byte, high); the
+/// formats this packs keep a lane's four values in four consecutive bytes, the next vector's
+/// four bytes on, in the same nibble.
+fn lane_nibbles<const V: usize>(src: &[u8], at: impl Fn(usize) -> (usize, bool)) -> [u8; 128] {
     const LOW: u64 = 0x0F0F_0F0F;
     let mut out = [0u8; 128];
-    for q in 0..4 {
-        for m in 0..4 {
-            let at = 32 * m + 8 * q;
-            let x = u64::from_le_bytes(qs[at..at + 8].try_into().unwrap());
-            // Values r (bytes 0..4) in the low nibbles, values r + 4 (bytes 4..8) high.
-            let lows = (x & LOW) | ((x >> 32) & LOW) << 4;
-            let highs = ((x >> 4) & LOW) | ((x >> 32) & (LOW << 4));
-            let to = 32 * q + 8 * m;
-            out[to..to + 8].copy_from_slice(&(lows | highs << 32).to_le_bytes());
-        }
+    for (p, run) in out.chunks_exact_mut(4).enumerate() {
+        let (z, byte) = (2 * (4 * p / V), 4 * p % V);
+        let (from, high) = at(value_at::<V>(z, byte));
+        let x = u64::from_le_bytes(src[from..from + 8].try_into().unwrap());
+        let x = if high { x >> 4 } else { x };
+        // Bytes 0..4 are vector z's values, bytes 4..8 vector z + 1's.
+        let packed = (x & LOW) | ((x >> 28) & (LOW << 4));
+        run.copy_from_slice(&(packed as u32).to_le_bytes());
     }
     out
 }
@@ -613,18 +631,24 @@ impl PackedBlock for PackedQ5KPlanes {
 }
 
 impl<const V: usize> PackedQ6K<V> {
+    /// `b` repacked four bytes at a time (byte by byte, it was most of the 1.5B's load after
+    /// Q4_K's): a lane's four consecutive values are in consecutive bytes of `ql` and `qh`.
     fn new(b: &Q6K) -> Self {
-        let values = q6k_values(b);
-        let qh = std::array::from_fn(|p| {
-            let (z, byte) = (4 * (p / V), p % V);
-            (0..4).fold(0, |h, i| {
-                h | (values[value_at::<V>(z + i, byte)] >> 4) << (2 * i)
-            })
-        });
+        let mut qh = [0u8; 64];
+        for (p, run) in qh.chunks_exact_mut(4).enumerate() {
+            // Bits 2i..2i + 2 of each byte: the high bits of vector z + i's values.
+            let (z, byte) = (4 * (4 * p / V), 4 * p % V);
+            let bits = (0..4).fold(0u32, |bits, i| {
+                let (at, shift) = q6k_source(value_at::<V>(z + i, byte)).1;
+                let y = u32::from_le_bytes(b.qh[at..at + 4].try_into().unwrap());
+                bits | ((y >> shift) & 0x0303_0303) << (2 * i)
+            });
+            run.copy_from_slice(&bits.to_le_bytes());
+        }
         Self {
             d: b.d,
             scales: b.scales,
-            ql: pack_nibbles::<V>(&values),
+            ql: lane_nibbles::<V>(&b.ql, |v| q6k_source(v).0),
             qh,
         }
     }
@@ -839,6 +863,36 @@ mod tests {
                 q4k_narrow_nibbles(&qs),
                 pack_nibbles::<NARROW>(&q4k_values(&b))
             );
+        }
+    }
+
+    /// Q6_K packed four bytes at a time holds, in both layouts, the values of candle's block
+    /// where the layout's map puts them.
+    #[test]
+    fn q6k_packed_four_bytes_at_a_time_follows_the_layout() {
+        fn check<const V: usize>(b: &Q6K) {
+            let (packed, values) = (PackedQ6K::<V>::new(b), q6k_values(b));
+            for (v, &want) in values.iter().enumerate() {
+                let (z, byte) = slot::<V>(v);
+                let low = unpack_nibble::<V>(&packed.ql, v);
+                let high = (packed.qh[V * (z / 4) + byte] >> (2 * (z % 4))) & 3;
+                assert_eq!(low | high << 4, want, "value {v}, {V}-byte vectors");
+            }
+        }
+        let mut state = 11u64;
+        let mut byte = || {
+            state = state.wrapping_mul(6364136223846793005).wrapping_add(1);
+            (state >> 56) as u8
+        };
+        for _ in 0..20 {
+            let b = Q6K {
+                ql: std::array::from_fn(|_| byte()),
+                qh: std::array::from_fn(|_| byte()),
+                scales: [0; 16],
+                d: 0,
+            };
+            check::<WIDE>(&b);
+            check::<NARROW>(&b);
         }
     }
 }
