@@ -323,23 +323,6 @@ impl<B: PackedBlock, H: PackedBlock> Rows<B, H> {
     }
 }
 
-/// Rows of `cols` values packed `kb = cols.div_ceil(256)` blocks a row, with each row's last
-/// block kept apart in half size if it holds at most 128 values.
-fn split_tails<B: Halves + Clone>(packed: Vec<B>, cols: usize) -> Rows<B, B::Half> {
-    if !(1..=QK / 2).contains(&(cols % QK)) {
-        return Rows::whole(packed);
-    }
-    let kb = cols.div_ceil(QK);
-    let (full, tails) = packed
-        .chunks_exact(kb)
-        .map(|row| (&row[..kb - 1], row[kb - 1].low()))
-        .unzip::<_, _, Vec<_>, Vec<_>>();
-    Rows {
-        blocks: full.concat(),
-        tails,
-    }
-}
-
 /// Defines the half of a per-32 block ([`Halves`]) in the layout of `$v`-byte vectors: its
 /// scale arrays (four of eight kept) and its vector arrays (the first half of every vector,
 /// half the bytes), dequantized through the whole block.
@@ -455,16 +438,38 @@ fn q6k_values(b: &Q6K) -> Values {
     out
 }
 
-/// The values (0..16) of a 32-value block whose 16 bytes hold low nibbles then high nibbles.
+/// The values (0..16) of a 32-value block whose 16 bytes hold low nibbles then high nibbles
+/// (what packing places, spelled out for its test, as the next).
+#[cfg(test)]
 fn nibble32_values(qs: &[u8; 16]) -> [u8; 32] {
     std::array::from_fn(|j| if j < 16 { qs[j] & 15 } else { qs[j - 16] >> 4 })
 }
 
 /// The 5-bit values (0..32) of a 32-value block: nibbles as [`nibble32_values`], bit 4 of
 /// value `j` in bit `j` of `qh` (Q5_0, stored plus 16, and Q5_1).
+#[cfg(test)]
 fn five_bit_values(qs: &[u8; 16], qh: [u8; 4]) -> [u8; 32] {
     let (low, qh) = (nibble32_values(qs), u32::from_le_bytes(qh));
     std::array::from_fn(|j| low[j] | (((qh >> j) & 1) as u8) << 4)
+}
+
+/// [`pack_nibbles`]`::<NARROW>` of eight 32-value blocks whose 16 bytes `qs` hold low nibbles
+/// then high nibbles ([`nibble32_values`]): a block per lane.
+fn nibbles8(qs: [&[u8; 16]; 8]) -> [u8; 128] {
+    lane_nibbles::<NARROW>(|v| (&qs[v / 32][v % 16..], v % 32 >= 16))
+}
+
+/// [`high_planes`] of eight 32-value blocks whose bit 4 of value `j` is bit `j` of `qh`
+/// ([`five_bit_values`]): byte `4 * block + r` holds, at bit `z`, bit `4z + r`.
+fn planes8(qh: [[u8; 4]; 8]) -> [u8; 32] {
+    let mut out = [0u8; 32];
+    for (run, qh) in out.chunks_exact_mut(4).zip(qh) {
+        let qh = u32::from_le_bytes(qh);
+        for (r, out) in run.iter_mut().enumerate() {
+            *out = (0..8).fold(0, |h, z| h | (((qh >> (4 * z + r)) & 1) as u8) << z);
+        }
+    }
+    out
 }
 
 /// Eight 32-value blocks' values, in order.
@@ -505,24 +510,6 @@ fn q4k_unpacked_scales(s: &[u8; 12]) -> [u8; 16] {
     out
 }
 
-/// Packs rows of `cols` values stored as 32-value blocks into groups of eight, padding each
-/// row with `zero` blocks to a multiple of 256 values.
-fn pack_groups<T: Sync, P: Send>(
-    blocks: &[T],
-    cols: usize,
-    zero: &T,
-    pack: impl Fn([&T; 8]) -> P + Sync,
-) -> Vec<P> {
-    let per_row = cols / 32;
-    blocks
-        .par_chunks_exact(per_row)
-        .flat_map_iter(|row| {
-            (0..per_row.div_ceil(8))
-                .map(|g| pack(std::array::from_fn(|i| row.get(8 * g + i).unwrap_or(zero))))
-        })
-        .collect()
-}
-
 /// `pack` over `blocks` on every core: packing is most of a model's load time.
 fn pack_each<T: Sync, P: Send>(blocks: &[T], pack: impl Fn(&T) -> P + Sync + Send) -> Vec<P> {
     blocks.par_iter().map(pack).collect()
@@ -551,7 +538,7 @@ impl PackedQ4K {
 /// byte by byte was most of its load.
 fn q4k_narrow_nibbles(qs: &[u8; 128]) -> [u8; 128] {
     // 64 values per 32 bytes, the low nibbles first.
-    lane_nibbles::<NARROW>(qs, |v| (32 * (v / 64) + v % 32, v % 64 >= 32))
+    lane_nibbles::<NARROW>(|v| (&qs[32 * (v / 64) + v % 32..], v % 64 >= 32))
 }
 
 /// Where a Q6_K value's four low bits are in candle's `ql` (byte, high nibble) and its two
@@ -567,16 +554,16 @@ fn q6k_source(v: usize) -> ((usize, bool), (usize, u32)) {
 
 /// [`pack_nibbles`]`::<V>` of a block's values, four bytes at a time: each 4-byte run of the
 /// layout holds four consecutive values of a lane, in the low nibbles, and the next vector's
-/// four in the high ones. `at(v)` is where value `v`'s nibble is in `src` (byte, high); the
-/// formats this packs keep a lane's four values in four consecutive bytes, the next vector's
-/// four bytes on, in the same nibble.
-fn lane_nibbles<const V: usize>(src: &[u8], at: impl Fn(usize) -> (usize, bool)) -> [u8; 128] {
+/// four in the high ones. `at(v)` is where value `v`'s nibble is: the source bytes from the
+/// one holding it, and whether it is the high nibble; the formats this packs keep a lane's
+/// four values in four consecutive bytes, the next vector's four bytes on, in the same nibble.
+fn lane_nibbles<'a, const V: usize>(at: impl Fn(usize) -> (&'a [u8], bool)) -> [u8; 128] {
     const LOW: u64 = 0x0F0F_0F0F;
     let mut out = [0u8; 128];
     for (p, run) in out.chunks_exact_mut(4).enumerate() {
         let (z, byte) = (2 * (4 * p / V), 4 * p % V);
-        let (from, high) = at(value_at::<V>(z, byte));
-        let x = u64::from_le_bytes(src[from..from + 8].try_into().unwrap());
+        let (src, high) = at(value_at::<V>(z, byte));
+        let x = u64::from_le_bytes(src[..8].try_into().unwrap());
         let x = if high { x >> 4 } else { x };
         // Bytes 0..4 are vector z's values, bytes 4..8 vector z + 1's.
         let packed = (x & LOW) | ((x >> 28) & (LOW << 4));
@@ -648,7 +635,10 @@ impl<const V: usize> PackedQ6K<V> {
         Self {
             d: b.d,
             scales: b.scales,
-            ql: lane_nibbles::<V>(&b.ql, |v| q6k_source(v).0),
+            ql: lane_nibbles::<V>(|v| {
+                let (at, high) = q6k_source(v).0;
+                (&b.ql[at..], high)
+            }),
             qh,
         }
     }
@@ -668,11 +658,10 @@ impl<const V: usize> PackedBlock for PackedQ6K<V> {
 
 impl PackedQ5_0Planes {
     fn new(b: [&Q5_0; 8]) -> Self {
-        let values = values8(b, |b| five_bit_values(&b.qs, b.qh));
         Self {
             d: b.map(|b| b.d),
-            qs: pack_nibbles::<NARROW>(&values),
-            qh: high_planes(&values),
+            qs: nibbles8(b.map(|b| &b.qs)),
+            qh: planes8(b.map(|b| b.qh)),
         }
     }
 }
@@ -710,7 +699,7 @@ impl PackedQ4_0 {
     fn new(b: [&Q4_0; 8]) -> Self {
         Self {
             d: b.map(|b| b.d),
-            qs: pack_nibbles::<NARROW>(&values8(b, |b| nibble32_values(&b.qs))),
+            qs: nibbles8(b.map(|b| &b.qs)),
         }
     }
 }
@@ -729,7 +718,7 @@ impl PackedQ4_1 {
         Self {
             d: b.map(|b| b.d),
             m: b.map(|b| b.m),
-            qs: pack_nibbles::<NARROW>(&values8(b, |b| nibble32_values(&b.qs))),
+            qs: nibbles8(b.map(|b| &b.qs)),
         }
     }
 }
@@ -745,12 +734,11 @@ impl PackedBlock for PackedQ4_1 {
 
 impl PackedQ5_1Planes {
     fn new(b: [&Q5_1; 8]) -> Self {
-        let values = values8(b, |b| five_bit_values(&b.qs, b.qh));
         Self {
             d: b.map(|b| b.d),
             m: b.map(|b| b.m),
-            qs: pack_nibbles::<NARROW>(&values),
-            qh: high_planes(&values),
+            qs: nibbles8(b.map(|b| &b.qs)),
+            qh: planes8(b.map(|b| b.qh)),
         }
     }
 }
@@ -802,15 +790,35 @@ const Q5_1_ZERO: Q5_1 = Q5_1 {
     qs: [0; 16],
 };
 
-/// Rows of a per-32 format packed eight blocks at a time ([`pack_groups`]), each row's short
-/// last block kept in half size ([`split_tails`]).
-fn pack_per32<C, T: Sync, P: Halves + Clone + Send>(
+/// Rows of `cols` values of a per-32 format, packed eight blocks at a time on every core (a
+/// row padded with `zero` blocks to a multiple of 256 values), each row's last block kept
+/// apart in half size if it holds at most 128 values (packed there, not copied out after:
+/// the copy was a tenth of the 0.5B's load).
+fn pack_per32<C, T: Sync, P: Halves + Send>(
     blocks: &[C],
     cols: usize,
     zero: &T,
     pack: impl Fn([&T; 8]) -> P + Sync,
-) -> Rows<P, P::Half> {
-    split_tails(pack_groups(view(blocks), cols, zero, pack), cols)
+) -> Rows<P, P::Half>
+where
+    P::Half: Send,
+{
+    let blocks: &[T] = view(blocks);
+    let per_row = cols / 32;
+    let tailed = (1..=QK / 2).contains(&(cols % QK));
+    let whole = cols.div_ceil(QK) - usize::from(tailed);
+    let group =
+        |row: &[T], g: usize| pack(std::array::from_fn(|i| row.get(8 * g + i).unwrap_or(zero)));
+    let rows = || blocks.par_chunks_exact(per_row);
+    Rows {
+        blocks: rows()
+            .flat_map_iter(|row| (0..whole).map(move |g| group(row, g)))
+            .collect(),
+        tails: match tailed {
+            true => rows().map(|row| group(row, whole).low()).collect(),
+            false => Vec::new(),
+        },
+    }
 }
 
 pub(super) fn pack_q5_0(
@@ -863,6 +871,28 @@ mod tests {
                 q4k_narrow_nibbles(&qs),
                 pack_nibbles::<NARROW>(&q4k_values(&b))
             );
+        }
+    }
+
+    /// The per-32 formats' nibbles and bit planes, packed lane by lane, are those of the
+    /// layout's map.
+    #[test]
+    fn per32_nibbles_and_planes_packed_by_lanes_follow_the_layout() {
+        let mut state = 5u64;
+        let mut byte = || {
+            state = state.wrapping_mul(6364136223846793005).wrapping_add(1);
+            (state >> 56) as u8
+        };
+        for _ in 0..20 {
+            let qs: [[u8; 16]; 8] = std::array::from_fn(|_| std::array::from_fn(|_| byte()));
+            let qh: [[u8; 4]; 8] = std::array::from_fn(|_| std::array::from_fn(|_| byte()));
+            let values: Values =
+                std::array::from_fn(|v| five_bit_values(&qs[v / 32], qh[v / 32])[v % 32]);
+            assert_eq!(
+                nibbles8(std::array::from_fn(|i| &qs[i])),
+                pack_nibbles::<NARROW>(&values)
+            );
+            assert_eq!(planes8(qh), high_planes(&values));
         }
     }
 
