@@ -392,8 +392,36 @@ fn errors_are_reported_without_a_panic() {
         assert!(!ok);
         assert_eq!(
             err.trim(),
-            format!("cascade: sampling: invalid sampling setting: {message}")
+            format!("cascade: invalid sampling setting: {message}")
         );
+    }
+    // Flags out of range are named as typed, before the config's checks name its TOML keys
+    // (and before the warning that top-p needs a temperature).
+    for (flag, value, message) in [
+        (
+            "-n",
+            "0",
+            "--max-new-tokens must be between 1 and 16777216, got 0",
+        ),
+        ("-k", "65", "-k must be between 1 and 64, got 65"),
+        (
+            "--top-p",
+            "0",
+            "invalid sampling setting: top_p must be in (0, 1], got 0",
+        ),
+    ] {
+        let args = [
+            "generate",
+            "-c",
+            "configs/autoregressive.toml",
+            "-p",
+            "x",
+            flag,
+            value,
+        ];
+        let (ok, _, err) = cascade(&args, None);
+        assert!(!ok);
+        assert_eq!(err.trim(), format!("cascade: {message}"));
     }
     for (flag, value, message) in [
         ("--grace", "1e20", "cascade: --grace must be at most 18446744073709551615 seconds, got 100000000000000000000"),

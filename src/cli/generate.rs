@@ -98,8 +98,21 @@ impl SamplingArgs {
 }
 
 pub fn generate(args: GenerateArgs) -> Result<()> {
+    // A flag's mistake is named by the flag (the config's checks would name its TOML key).
+    use cascade::config::{MAX_CONTEXT, MAX_DRAFT};
+    for (flag, value, most) in [
+        ("--max-new-tokens", args.max_new_tokens, MAX_CONTEXT),
+        ("-k", args.k, MAX_DRAFT),
+    ] {
+        if let Some(v) = value.filter(|v| !(1..=most).contains(v)) {
+            bail!("{flag} must be between 1 and {most}, got {v}");
+        }
+    }
     let mut raw = RawConfig::load(&args.config)?;
     raw.sampling = args.sampling.over(raw.sampling);
+    if args.sampling.given() {
+        raw.sampling.validate()?; // before the warning below, which it would make moot
+    }
     let filters = args.sampling.top_k.is_some() || args.sampling.top_p.is_some();
     if filters && raw.sampling.temperature == 0.0 {
         eprintln!(
