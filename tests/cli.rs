@@ -371,44 +371,33 @@ fn errors_are_reported_without_a_panic() {
         err.starts_with("cascade: configs/nope.toml: cannot read config:"),
         "{err}"
     );
-    // Temperatures refused before any model loads.
-    for (t, message) in [
-        ("-1", "temperature must be a finite number >= 0, got -1"),
-        (
-            "1e-40",
-            "temperature 1e-40 is too small to divide by; use 0 for greedy decoding",
-        ),
-    ] {
-        let args = [
-            "generate",
-            "-c",
-            "configs/autoregressive.toml",
-            "-p",
-            "x",
-            "-t",
-            t,
-        ];
-        let (ok, _, err) = cascade(&args, None);
-        assert!(!ok);
-        assert_eq!(
-            err.trim(),
-            format!("cascade: invalid sampling setting: {message}")
-        );
-    }
-    // Flags out of range are named as typed, before the config's checks name its TOML keys
-    // (and before the warning that top-p needs a temperature).
+    // Flags out of range are refused before any model loads, named as typed rather than by
+    // the config's TOML keys (and before the warning that top-p needs a temperature).
+    let sampling = "invalid sampling setting:";
     for (flag, value, message) in [
         (
-            "-n",
-            "0",
-            "--max-new-tokens must be between 1 and 16777216, got 0",
+            "-t",
+            "-1",
+            format!("{sampling} temperature must be a finite number >= 0, got -1"),
         ),
-        ("-k", "65", "-k must be between 1 and 64, got 65"),
+        (
+            "-t",
+            "1e-40",
+            format!(
+                "{sampling} temperature 1e-40 is too small to divide by; use 0 for greedy decoding"
+            ),
+        ),
         (
             "--top-p",
             "0",
-            "invalid sampling setting: top_p must be in (0, 1], got 0",
+            format!("{sampling} top_p must be in (0, 1], got 0"),
         ),
+        (
+            "-n",
+            "0",
+            "--max-new-tokens must be between 1 and 16777216, got 0".into(),
+        ),
+        ("-k", "65", "-k must be between 1 and 64, got 65".into()),
     ] {
         let args = [
             "generate",
