@@ -152,8 +152,12 @@ impl History {
         let (n, range) = best?;
         // Continuations are sorted within the range: count each run, in a sample spread over
         // the whole range where it is long (its start alone would hold the lowest token ids).
-        let step = range.len().div_ceil(SCANNED);
-        let scanned: Vec<u32> = self.suffixes[range].iter().step_by(step).copied().collect();
+        // (Drafting asks every round: a short range is read in place, not copied.)
+        let all = &self.suffixes[range];
+        let scanned: std::borrow::Cow<[u32]> = match all.len().div_ceil(SCANNED) {
+            1 => all.into(),
+            step => all.iter().step_by(step).copied().collect(),
+        };
         let (mut top, mut i) = (None::<(usize, usize)>, 0);
         while i < scanned.len() {
             let next = |s: &u32| self.tokens[*s as usize + n];
