@@ -274,6 +274,42 @@ fn a_sentencepiece_vocabulary_outside_gemma_asks_for_tokenizer_json() {
     );
 }
 
+/// A byte-level BPE vocabulary whose pre-tokenizer is unknown, or not named, is refused rather
+/// than split by a guess (candle's fallback added a space before every text).
+#[test]
+fn an_unknown_pre_tokenizer_asks_for_tokenizer_json() {
+    use candle_core::quantized::gguf_file::Value;
+    let path = models_dir().join(SMOLLM2);
+    let load_with = |pre: Option<&str>| {
+        let mut gguf = cascade::model::gguf::GgufFile::open(&path).unwrap();
+        let m = &mut gguf.content.metadata;
+        match pre {
+            Some(p) => m.insert("tokenizer.ggml.pre".into(), Value::String(p.into())),
+            None => m.remove("tokenizer.ggml.pre"),
+        };
+        cascade::tokenizer::Tokenizer::load(&gguf, None)
+            .err()
+            .unwrap()
+            .to_string()
+    };
+    let start = format!("tokenizer: cannot load {}: ", path.display());
+    assert_eq!(
+        load_with(Some("jais")),
+        format!(
+            "{start}its pre-tokenizer `jais` (`tokenizer.ggml.pre`) is not one cascade builds \
+             (qwen2, deepseek-r1-qwen, llama-bpe, llama3, smaug-bpe, gpt-2, smollm, starcoder, \
+             refact); give the model's tokenizer.json (`tokenizer = ...` in the config)"
+        )
+    );
+    assert_eq!(
+        load_with(None),
+        format!(
+            "{start}it names no pre-tokenizer (`tokenizer.ggml.pre`), so how it splits text is \
+             unknown; give the model's tokenizer.json (`tokenizer = ...` in the config)"
+        )
+    );
+}
+
 #[test]
 fn unsupported_architecture_is_named_before_the_tokenizer_loads() {
     let mut src = std::fs::read(models_dir().join(SMOLLM2)).unwrap();

@@ -856,7 +856,7 @@ fn llama_3_pre_tokenizer_is_recognized_by_llama_cpp_name() {
             .metadata
             .insert("tokenizer.ggml.pre".into(), Value::String(pre.into()));
         let t = cascade::tokenizer::Tokenizer::load(&gguf, None).unwrap();
-        t.encode_plain("x=(hello) IT'S 12345;\n\n\tdone").unwrap()
+        t.encode_plain("x=(hello) IT'S 12345;\n\n\tdone a \n\nb").unwrap()
     };
     let (llama_bpe, llama3, gpt2) = (
         encode_as("llama-bpe"),
@@ -864,7 +864,76 @@ fn llama_3_pre_tokenizer_is_recognized_by_llama_cpp_name() {
         encode_as("gpt2"),
     );
     assert_eq!(llama_bpe, llama3);
+    // Llama 3 keeps a space before line breaks with them (` \n\n`); GPT-2 splits it off.
     assert_ne!(llama3, gpt2, "the sample must tell the two splits apart");
+}
+
+/// The byte-level BPE tokenizers built from the GGUFs give the ids llama.cpp gives for the same
+/// files (`llama-tokenize --no-bos`, llama.cpp c392e50 of 2025-02-20): Qwen's split, and
+/// SmolLM2's (`smollm`: every digit apart, then GPT-2's split, with no space added before the
+/// text, which candle's fallback added); and decoding gives the text back.
+#[test]
+fn byte_level_tokenizers_give_llama_cpp_ids_and_decode_back() {
+    const TEXTS: [&str; 9] = [
+        "Count: 12345 apples, isn't it?",
+        "def f(x):\n    return  x\t+1\n\n\n",
+        "h\u{e9}llo w\u{f6}rld \u{1f642} \u{65e5}\u{672c}\u{8a9e}",
+        "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n",
+        "a    b     c",
+        " leading space",
+        "trailing  ",
+        "x = [i**2 for i in range(10)]  # squares",
+        "IT'S 3.14159 o'clock; WE'LL see\r\n\tdone",
+    ];
+    let smollm2: [&[u32]; 9] = [
+        &[
+            9825, 42, 216, 33, 34, 35, 36, 37, 13855, 28, 3247, 982, 357, 47,
+        ],
+        &[
+            1604, 275, 24, 104, 727, 472, 1003, 216, 1792, 197, 27, 33, 16506,
+        ],
+        &[
+            88, 2756, 31394, 267, 29989, 400, 47526, 17097, 241, 115, 40993, 179, 120, 248,
+        ],
+        &[1, 4093, 198, 6004, 2, 198, 1, 520, 9531, 198],
+        &[81, 333, 278, 289, 265],
+        &[2899, 1898],
+        &[4861, 4966, 256],
+        &[
+            104, 446, 933, 89, 828, 34, 327, 2056, 281, 1845, 24, 33, 32, 8307, 216, 907, 16207,
+        ],
+        &[
+            2901, 23, 67, 216, 35, 30, 33, 36, 33, 37, 41, 263, 23, 17466, 43, 26587, 23, 16421,
+            963, 2738, 197, 22744,
+        ],
+    ];
+    let qwen: [&[u32]; 9] = [
+        &[
+            2507, 25, 220, 16, 17, 18, 19, 20, 40676, 11, 4436, 944, 432, 30,
+        ],
+        &[750, 282, 2075, 982, 262, 470, 220, 856, 197, 10, 16, 1406],
+        &[71, 18503, 385, 289, 9416, 507, 27484, 75402, 21894, 102819],
+        &[151644, 872, 198, 6023, 151645, 198, 151644, 77091, 198],
+        &[64, 262, 293, 257, 272],
+        &[6388, 3550],
+        &[376, 14277, 256],
+        &[
+            87, 284, 508, 72, 334, 17, 369, 600, 304, 2088, 7, 16, 15, 7252, 220, 671, 31340,
+        ],
+        &[
+            952, 13272, 220, 18, 13, 16, 19, 16, 20, 24, 297, 62410, 26, 19677, 6, 4086, 1490, 319,
+            40495,
+        ],
+    ];
+    for (file, want) in [(SMOLLM2, smollm2), (DRAFT, qwen)] {
+        let t = cascade::tokenizer::Tokenizer::from_file(&common::models_dir().join(file)).unwrap();
+        for (text, want) in TEXTS.iter().zip(want) {
+            let ids = t.encode_plain(text).unwrap();
+            assert_eq!(ids, want, "{file}: {text:?}");
+            let plain = text.replace("<|im_start|>", "").replace("<|im_end|>", "");
+            assert_eq!(t.decode(&ids).unwrap(), plain, "{file}: {text:?}");
+        }
+    }
 }
 
 /// A plug-in drafter's constructor learns the target's context length: the config's

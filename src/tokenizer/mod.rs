@@ -50,18 +50,7 @@ impl Tokenizer {
             None if gguf.string("tokenizer.ggml.model").ok().as_deref() == Some("llama") => {
                 sentencepiece::from_gguf(gguf)?
             }
-            None => tokenizers::Tokenizer::from_gguf(
-                pre_tokenizer_renamed(gguf)
-                    .as_ref()
-                    .unwrap_or(&gguf.content),
-            )
-            .map_err(|e| {
-                Error::Tokenizer(format!(
-                    "cannot load {}: {}",
-                    gguf.path.display(),
-                    Error::candle_message(e)
-                ))
-            })?,
+            None => byte_level_bpe(gguf)?,
         };
         let vocab = inner.get_vocab_size(true);
         // A token id of the metadata, if the key is there; one outside the vocabulary fails.
@@ -216,23 +205,86 @@ impl Tokenizer {
     }
 }
 
-/// The GGUF's metadata with llama.cpp's name of Llama 3's pre-tokenizer (`llama-bpe`) given
-/// as candle knows it (`llama3`), if it has that name: candle would split the text as GPT-2
-/// does, and Llama 3.x prompts would come out as other tokens than Hugging Face's.
-fn pre_tokenizer_renamed(gguf: &GgufFile<'_>) -> Option<Content> {
-    const KEY: &str = "tokenizer.ggml.pre";
-    if gguf.string(KEY).ok().as_deref() != Some("llama-bpe") {
-        return None;
-    }
-    let c = &gguf.content;
-    let mut metadata = c.metadata.clone();
-    metadata.insert(KEY.into(), Value::String("llama3".into()));
-    Some(Content {
-        magic: c.magic,
-        metadata,
-        tensor_infos: Default::default(),
-        tensor_data_offset: c.tensor_data_offset,
+/// How a byte-level BPE vocabulary splits text before merging, by llama.cpp's name for it
+/// (`tokenizer.ggml.pre`). candle builds Qwen 2's and Llama 3's splits under its own names;
+/// for any other name it falls back to GPT-2's split with a space added before every text,
+/// which none of these models was trained with, so the others are built here and an unknown
+/// name is refused rather than guessed.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Split {
+    /// One of candle's pipelines, by candle's name.
+    Candle(&'static str),
+    /// GPT-2's regular expression, no space added.
+    Gpt2,
+    /// Every digit apart, then GPT-2's split (SmolLM, StarCoder).
+    DigitsThenGpt2,
+}
+
+/// The llama.cpp names [`split`] knows, for the error that lists them.
+const KNOWN_SPLITS: &str =
+    "qwen2, deepseek-r1-qwen, llama-bpe, llama3, smaug-bpe, gpt-2, smollm, starcoder, refact";
+
+fn split(pre: &str) -> Option<Split> {
+    Some(match pre {
+        "qwen2" | "deepseek-r1-qwen" => Split::Candle("qwen2"),
+        "llama-bpe" | "llama3" | "smaug-bpe" => Split::Candle("llama3"),
+        "gpt-2" | "gpt2" => Split::Gpt2,
+        "smollm" | "starcoder" | "refact" => Split::DigitsThenGpt2,
+        _ => return None,
     })
+}
+
+/// The byte-level BPE tokenizer of a GGUF (`tokenizer.ggml.model = gpt2`), split as its
+/// `tokenizer.ggml.pre` says.
+fn byte_level_bpe(gguf: &GgufFile<'_>) -> Result<tokenizers::Tokenizer> {
+    use tokenizers::pre_tokenizers::{byte_level::ByteLevel, digits::Digits, sequence::Sequence};
+    const KEY: &str = "tokenizer.ggml.pre";
+    let fail =
+        |why: String| Error::Tokenizer(format!("cannot load {}: {why}", gguf.path.display()));
+    let pre = gguf.string(KEY).map_err(|_| {
+        fail(format!(
+            "it names no pre-tokenizer (`{KEY}`), so how it splits text is unknown; give the \
+             model's tokenizer.json (`tokenizer = ...` in the config)"
+        ))
+    })?;
+    let split = split(&pre).ok_or_else(|| {
+        fail(format!(
+            "its pre-tokenizer `{pre}` (`{KEY}`) is not one cascade builds ({KNOWN_SPLITS}); \
+             give the model's tokenizer.json (`tokenizer = ...` in the config)"
+        ))
+    })?;
+    // candle reads the pre-tokenizer by its own name; a copy of the metadata carries it.
+    let renamed = match split {
+        Split::Candle(name) if name != pre => {
+            let c = &gguf.content;
+            let mut metadata = c.metadata.clone();
+            metadata.insert(KEY.into(), Value::String(name.into()));
+            Some(Content {
+                magic: c.magic,
+                metadata,
+                tensor_infos: Default::default(),
+                tensor_data_offset: c.tensor_data_offset,
+            })
+        }
+        _ => None,
+    };
+    let mut t = tokenizers::Tokenizer::from_gguf(renamed.as_ref().unwrap_or(&gguf.content))
+        .map_err(|e| fail(Error::candle_message(e)))?;
+    // GPT-2's regular expression, without the space candle's fallback adds.
+    let gpt2 = ByteLevel::new(false, true, true);
+    match split {
+        Split::Candle(_) => {}
+        Split::Gpt2 => {
+            t.with_pre_tokenizer(Some(gpt2));
+        }
+        Split::DigitsThenGpt2 => {
+            t.with_pre_tokenizer(Some(Sequence::new(vec![
+                Digits::new(true).into(),
+                gpt2.into(),
+            ])));
+        }
+    }
+    Ok(t)
 }
 
 /// The ids a GGUF marks user-defined (sorted).
