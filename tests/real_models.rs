@@ -856,7 +856,8 @@ fn llama_3_pre_tokenizer_is_recognized_by_llama_cpp_name() {
             .metadata
             .insert("tokenizer.ggml.pre".into(), Value::String(pre.into()));
         let t = cascade::tokenizer::Tokenizer::load(&gguf, None).unwrap();
-        t.encode_plain("x=(hello) IT'S 12345;\n\n\tdone a \n\nb").unwrap()
+        t.encode_plain("x=(hello) IT'S 12345;\n\n\tdone a \n\nb")
+            .unwrap()
     };
     let (llama_bpe, llama3, gpt2) = (
         encode_as("llama-bpe"),

@@ -25,6 +25,11 @@ const DEFAULT_ALIGNMENT: u64 = 32;
 /// file, but an item in memory can be 32 times its size on disk (a `Value` per u8 of an
 /// array): reserving for a corrupt count would ask for far more memory than the file backs.
 const PREALLOCATED: usize = 1 << 16;
+/// What the parsed metadata may take in memory beyond the file's size, in bytes. Items in
+/// memory outweigh their bytes on disk (a 32-byte `Value` per u8 of an array), so their total
+/// is bounded apart from the bytes left: by the file's size and this much, room for a
+/// vocabulary-only file's half a million tokens.
+const METADATA_SLACK: u64 = 64 << 20;
 
 /// Anything a GGUF file can be read from: a file, or bytes in memory.
 pub trait Source: Read + Seek + Send {}
@@ -88,6 +93,7 @@ impl<'a> GgufFile<'a> {
                 inner: &mut reader,
                 pos: 0,
                 size,
+                memory_left: size.saturating_add(METADATA_SLACK),
             };
             read_header(&mut r).map_err(|e| match e {
                 Error::Io(io) if io.kind() == std::io::ErrorKind::UnexpectedEof => {
@@ -196,6 +202,8 @@ struct HeaderReader<'r, R> {
     inner: &'r mut R,
     pos: u64,
     size: u64,
+    /// Bytes of memory the metadata's values may still take.
+    memory_left: u64,
 }
 
 fn malformed(reason: String) -> Error {
@@ -238,6 +246,26 @@ impl<R: Read> HeaderReader<'_, R> {
         Ok(n as usize)
     }
 
+    /// Takes the memory of `items` (the count of `what`, read at byte `at`) of `values` values
+    /// each from the metadata's budget.
+    fn charge(&mut self, what: &str, at: u64, items: usize, values: u64) -> Result<()> {
+        let bytes = (items as u64)
+            .saturating_mul(values)
+            .saturating_mul(std::mem::size_of::<Value>() as u64);
+        match self.memory_left.checked_sub(bytes) {
+            Some(left) => {
+                self.memory_left = left;
+                Ok(())
+            }
+            None => Err(malformed(format!(
+                "{what} at byte {at} is {items}, more than the memory a file of {} bytes may \
+                 take (its size and {} MiB)",
+                self.size,
+                METADATA_SLACK >> 20
+            ))),
+        }
+    }
+
     fn string(&mut self, what: &str) -> Result<String> {
         let len = self.count(&format!("length of {what}"), 1)?;
         let mut b = vec![0u8; len];
@@ -271,7 +299,10 @@ impl<R: Read> HeaderReader<'_, R> {
                 let min = min_value_bytes(item).ok_or_else(|| {
                     malformed(format!("metadata `{key}`: unknown array item type {item}"))
                 })?;
-                let n = self.count(&format!("length of metadata `{key}`"), min)?;
+                let what = format!("length of metadata `{key}`");
+                let at = self.pos;
+                let n = self.count(&what, min)?;
+                self.charge(&what, at, n, 1)?;
                 let mut items = Vec::with_capacity(n.min(PREALLOCATED));
                 for _ in 0..n {
                     items.push(self.value(key, item, depth + 1)?);
@@ -368,7 +399,9 @@ fn read_header<R: Read>(r: &mut HeaderReader<'_, R>) -> Result<(Content, Layout)
     // A tensor info takes at least 24 bytes (name length, dims count, type, offset),
     // a key-value pair at least 13 (key length, type, one byte).
     let tensor_count = r.count("tensor count", 24)?;
+    let at = r.pos;
     let kv_count = r.count("metadata count", 13)?;
+    r.charge("metadata count", at, kv_count, 2)?; // a key with its slot, a value
     let header_end = r.pos;
 
     let mut metadata = HashMap::with_capacity(kv_count.min(PREALLOCATED));
@@ -488,4 +521,47 @@ fn read_header<R: Read>(r: &mut HeaderReader<'_, R>) -> Result<(Content, Layout)
         size: r.size,
     };
     Ok((content, layout))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Cursor;
+
+    /// A GGUF (version 3, no tensors) whose one metadata key holds `n` u8 items.
+    fn with_u8_array(n: u64) -> Vec<u8> {
+        let mut b = Vec::new();
+        b.extend(MAGIC.to_le_bytes());
+        b.extend(3u32.to_le_bytes());
+        b.extend(0u64.to_le_bytes()); // tensors
+        b.extend(1u64.to_le_bytes()); // metadata
+        let key = b"bytes";
+        b.extend((key.len() as u64).to_le_bytes());
+        b.extend(key);
+        b.extend(9u32.to_le_bytes()); // array
+        b.extend(0u32.to_le_bytes()); // of u8
+        b.extend(n.to_le_bytes());
+        b.resize(b.len() + n as usize, 7);
+        b
+    }
+
+    /// An array of small items is bounded by the memory its values take, not only by the
+    /// bytes left: 8 MiB of u8 items would take 256 MiB as values.
+    #[test]
+    fn an_array_of_small_items_is_bounded_by_its_memory() {
+        let read =
+            |n: u64| GgufFile::from_reader(Path::new("m.gguf"), Cursor::new(with_u8_array(n)));
+        let small = read(1 << 20).unwrap();
+        assert!(matches!(small.get("bytes"), Some(Value::Array(a)) if a.len() == 1 << 20));
+        let n = 8 << 20;
+        let e = read(n).err().unwrap().to_string();
+        let size = with_u8_array(n).len();
+        assert_eq!(
+            e,
+            format!(
+                "cannot read GGUF file m.gguf: length of metadata `bytes` at byte 45 is {n}, more \
+                 than the memory a file of {size} bytes may take (its size and 64 MiB)"
+            )
+        );
+    }
 }
