@@ -371,6 +371,36 @@ fn tensor_info_error(name: &str, edit: impl FnOnce(&mut [u8], usize)) -> String 
     e[prefix.len()..].to_string()
 }
 
+/// A tensor the transformer does not read (a bias of the attention output, as some Llama
+/// variants have) is refused: loading without it would compute other logits.
+#[test]
+fn a_tensor_the_transformer_does_not_use_is_refused() {
+    use candle_core::quantized::gguf_file::TensorInfo;
+    let path = models_dir().join(SMOLLM2);
+    let mut gguf = cascade::model::gguf::GgufFile::open(&path).unwrap();
+    let infos = &mut gguf.content.tensor_infos;
+    let norm = &infos["blk.0.attn_norm.weight"];
+    let bias = TensorInfo {
+        ggml_dtype: norm.ggml_dtype,
+        shape: norm.shape.clone(),
+        offset: norm.offset,
+    };
+    infos.insert("blk.0.attn_output.bias".into(), bias);
+    let kernels = cascade::model::Kernels::detect().unwrap();
+    let e = LoadedModel::from_gguf(gguf, None, kernels, &mut |_, _| {})
+        .err()
+        .unwrap()
+        .to_string();
+    assert_eq!(
+        e,
+        format!(
+            "cannot read GGUF file {}: tensor `blk.0.attn_output.bias` is not one the llama \
+             transformer uses: the file is of a variant it does not implement",
+            path.display()
+        )
+    );
+}
+
 #[test]
 fn an_unsupported_quantization_is_named() {
     // Tensor info: name, u32 dimension count, u64 dimensions, u32 type id (Q4_1 is 3).

@@ -62,6 +62,8 @@ pub struct GgufFile<'a> {
     /// Room for the blocks of the tensor being repacked, kept for the next one: allocating
     /// each tensor's afresh would fault in every page of the model twice.
     scratch: Vec<u64>,
+    /// The tensors read so far, so that one the model never reads is found.
+    read: std::collections::HashSet<String>,
 }
 
 impl GgufFile<'static> {
@@ -109,6 +111,7 @@ impl<'a> GgufFile<'a> {
             layout,
             reader: Box::new(reader),
             scratch: Vec::new(),
+            read: Default::default(),
         })
     }
 
@@ -182,6 +185,7 @@ impl<'a> GgufFile<'a> {
                 info.shape.dims()
             )));
         }
+        self.read.insert(name.to_string());
         let offset = self.content.tensor_data_offset;
         let reader = &mut self.reader;
         QWeight::read(reader, offset, name, info, kernels, &mut self.scratch).map_err(|e| match e {
@@ -189,6 +193,17 @@ impl<'a> GgufFile<'a> {
             Error::Io(io) => self.bad(format!("reading tensor `{name}`: {io}")),
             other => other,
         })
+    }
+
+    /// The first tensor (by name) that has not been read, if any: after a model has read all
+    /// it uses, one it does not know, such as a bias or an expert its architecture lacks.
+    pub fn unread_tensor(&self) -> Option<&str> {
+        self.content
+            .tensor_infos
+            .keys()
+            .filter(|name| !self.read.contains(*name))
+            .min()
+            .map(String::as_str)
     }
 
     /// The shape of tensor `name` (rows, then columns), if present.

@@ -355,6 +355,15 @@ impl Weights {
                 *v /= d;
             }
         }
+        // A tensor left over belongs to a variant this code does not compute (biases of other
+        // projections, experts, a second norm): loading without it would give other logits.
+        if let Some(name) = f.unread_tensor() {
+            return Err(f.bad(format!(
+                "tensor `{name}` is not one the {} transformer uses: the file is of a variant \
+                 it does not implement",
+                config.arch
+            )));
+        }
         let inv_freq_sliding = match config.sliding {
             Some((_, base)) => frequencies(base, 1.0),
             None => inv_freq.clone(),
