@@ -403,16 +403,45 @@ fn a_tensor_the_transformer_does_not_use_is_refused() {
 
 #[test]
 fn an_unsupported_quantization_is_named() {
-    // Tensor info: name, u32 dimension count, u64 dimensions, u32 type id (Q4_1 is 3).
-    let e = tensor_info_error("blk.0.attn_q.weight", |src, at| {
-        let dims = u32::from_le_bytes(src[at..at + 4].try_into().unwrap()) as usize;
-        let ty = at + 4 + 8 * dims;
-        assert_eq!(src[ty..ty + 4], 3u32.to_le_bytes());
-        src[ty..ty + 4].copy_from_slice(&23u32.to_le_bytes()); // IQ4_XS
-    });
+    for (id, name) in [(23u32, "IQ4_XS"), (30, "BF16"), (15, "Q8_K")] {
+        // Tensor info: name, u32 dimension count, u64 dimensions, u32 type id (Q4_1 is 3).
+        let e = tensor_info_error("blk.0.attn_q.weight", |src, at| {
+            let dims = u32::from_le_bytes(src[at..at + 4].try_into().unwrap()) as usize;
+            let ty = at + 4 + 8 * dims;
+            assert_eq!(src[ty..ty + 4], 3u32.to_le_bytes());
+            src[ty..ty + 4].copy_from_slice(&id.to_le_bytes());
+        });
+        assert_eq!(
+            e,
+            format!(
+                "tensor `blk.0.attn_q.weight` is {name}, a type cascade cannot read (it reads F32, \
+                 F16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 and Q2_K to Q6_K)"
+            )
+        );
+    }
+}
+
+/// A RoPE scaling type that is not a string is an error, not read as no scaling.
+#[test]
+fn a_rope_scaling_type_that_is_not_a_string_is_named() {
+    use candle_core::quantized::gguf_file::Value;
+    let path = models_dir().join(SMOLLM2);
+    let mut gguf = cascade::model::gguf::GgufFile::open(&path).unwrap();
+    gguf.content
+        .metadata
+        .insert("llama.rope.scaling.type".into(), Value::U32(1));
+    let kernels = cascade::model::Kernels::detect().unwrap();
+    let e = LoadedModel::from_gguf(gguf, None, kernels, &mut |_, _| {})
+        .err()
+        .unwrap()
+        .to_string();
     assert_eq!(
         e,
-        "tensor `blk.0.attn_q.weight` is IQ4_XS, a type cascade cannot read (it reads F32, F16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 and Q2_K to Q6_K)"
+        format!(
+            "cannot read GGUF file {}: metadata `llama.rope.scaling.type` is missing or not a \
+             string",
+            path.display()
+        )
     );
 }
 

@@ -101,6 +101,7 @@ impl<'a> GgufFile<'a> {
                 Error::Io(io) if io.kind() == std::io::ErrorKind::UnexpectedEof => {
                     bad(format!("file is truncated: the header ends at byte {size}"))
                 }
+                Error::Io(io) => seek_error(io),
                 Error::BadModelFile { reason, .. } => bad(reason),
                 e => e,
             })?
@@ -359,14 +360,11 @@ fn dtype(id: u32) -> Option<GgmlDType> {
         6 => Q5_0,
         7 => Q5_1,
         8 => Q8_0,
-        9 => Q8_1,
         10 => Q2K,
         11 => Q3K,
         12 => Q4K,
         13 => Q5K,
         14 => Q6K,
-        15 => Q8K,
-        30 => BF16,
         _ => return None,
     })
 }
@@ -374,6 +372,8 @@ fn dtype(id: u32) -> Option<GgmlDType> {
 /// Names of GGUF tensor types that exist but that the loader does not read.
 fn unsupported_type(id: u32) -> Option<&'static str> {
     Some(match id {
+        9 => "Q8_1",
+        15 => "Q8_K",
         16 => "IQ2_XXS",
         17 => "IQ2_XS",
         18 => "IQ3_XXS",
@@ -388,6 +388,7 @@ fn unsupported_type(id: u32) -> Option<&'static str> {
         27 => "I64",
         28 => "F64",
         29 => "IQ1_M",
+        30 => "BF16",
         34 => "TQ1_0",
         35 => "TQ2_0",
         39 => "MXFP4",

@@ -6,8 +6,7 @@ use std::path::{Path, PathBuf};
 
 /// A model file named in a config: `"path/to/model.gguf"` or
 /// `{ repo = "Qwen/Qwen2.5-Coder-1.5B-Instruct-GGUF", file = "...gguf", revision = "main" }`.
-#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
-#[serde(untagged, deny_unknown_fields)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ModelSource {
     /// A local file (relative to the config's folder).
     Path(PathBuf),
@@ -17,8 +16,7 @@ pub enum ModelSource {
         repo: String,
         /// The file in it.
         file: String,
-        /// The branch, tag or commit.
-        #[serde(default = "main_revision")]
+        /// The branch, tag or commit (default `main`).
         revision: String,
     },
 }
@@ -27,12 +25,56 @@ fn main_revision() -> String {
     "main".into()
 }
 
+/// The table form of [`ModelSource::Hub`], read on its own so that a misspelt or missing key
+/// is named (an untagged enum only says that neither form matched).
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct HubTable {
+    repo: String,
+    file: String,
+    #[serde(default = "main_revision")]
+    revision: String,
+}
+
+impl<'de> Deserialize<'de> for ModelSource {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        use serde::de::{self, MapAccess, Visitor};
+        struct Source;
+        impl<'de> Visitor<'de> for Source {
+            type Value = ModelSource;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a path, or a table { repo, file, revision }")
+            }
+            fn visit_str<E: de::Error>(self, path: &str) -> std::result::Result<ModelSource, E> {
+                Ok(ModelSource::Path(path.into()))
+            }
+            fn visit_map<A: MapAccess<'de>>(
+                self,
+                map: A,
+            ) -> std::result::Result<ModelSource, A::Error> {
+                let t = HubTable::deserialize(de::value::MapAccessDeserializer::new(map))?;
+                Ok(ModelSource::Hub {
+                    repo: t.repo,
+                    file: t.file,
+                    revision: t.revision,
+                })
+            }
+        }
+        d.deserialize_any(Source)
+    }
+}
+
 impl ModelSource {
     /// The local file for this source. Relative paths are taken from `base`. Hub files are
     /// looked up in the hf-hub cache (`cache_dir`, else `HF_HOME`'s) first; they are downloaded
     /// only when missing and `HF_HUB_OFFLINE` is not set.
     pub fn resolve(&self, base: &Path, cache_dir: Option<&Path>) -> Result<PathBuf> {
-        let offline = std::env::var("HF_HUB_OFFLINE").is_ok_and(|v| v == "1");
+        // Spelt as Hugging Face's own tools accept it.
+        let offline = std::env::var("HF_HUB_OFFLINE").is_ok_and(|v| {
+            ["1", "true", "yes", "on"]
+                .iter()
+                .any(|t| v.trim().eq_ignore_ascii_case(t))
+        });
         self.resolve_with(base, cache_dir, offline)
     }
 
@@ -79,9 +121,20 @@ impl ModelSource {
                 if let Some(p) = cache.repo(hub_repo.clone()).get(file) {
                     return Ok(p);
                 }
+                // A commit's snapshot has no ref when Python's huggingface_hub fetched it by
+                // its hash: hf-hub looks refs up only.
+                let pinned = cache
+                    .path()
+                    .join(format!("models--{}", repo.replace('/', "--")))
+                    .join("snapshots")
+                    .join(revision)
+                    .join(file);
+                if is_commit(revision) && pinned.is_file() {
+                    return Ok(pinned);
+                }
                 if offline {
                     return Err(hub_err(format!(
-                        "not in the cache at {} and HF_HUB_OFFLINE=1",
+                        "not in the cache at {} and HF_HUB_OFFLINE is set",
                         cache.path().display()
                     )));
                 }
@@ -104,6 +157,11 @@ impl std::fmt::Display for ModelSource {
             ModelSource::Hub { repo, file, .. } => write!(f, "{repo}/{file}"),
         }
     }
+}
+
+/// Whether `revision` is a commit hash (40 hex digits) rather than a branch or tag.
+fn is_commit(revision: &str) -> bool {
+    revision.len() == 40 && revision.bytes().all(|b| b.is_ascii_hexdigit())
 }
 
 #[cfg(test)]
@@ -133,6 +191,46 @@ mod tests {
                 .unwrap();
         let got = src.resolve(Path::new("."), Some(tmp.path())).unwrap();
         assert_eq!(got, expected);
+    }
+
+    /// A snapshot fetched by its commit hash, with no ref naming it, is found offline.
+    #[test]
+    fn a_pinned_commit_resolves_without_a_ref() {
+        let tmp = tempfile::tempdir().unwrap();
+        let commit = "0123456789abcdef0123456789abcdef01234567";
+        let snap = tmp.path().join("models--Org--M/snapshots").join(commit);
+        std::fs::create_dir_all(&snap).unwrap();
+        std::fs::write(snap.join("m.gguf"), b"GGUF").unwrap();
+        let src = ModelSource::Hub {
+            repo: "Org/M".into(),
+            file: "m.gguf".into(),
+            revision: commit.into(),
+        };
+        let got = src.resolve_with(Path::new("."), Some(tmp.path()), true);
+        assert_eq!(got.unwrap(), snap.join("m.gguf"));
+    }
+
+    /// A misspelt key of the table form is named, as every other config key is.
+    #[test]
+    fn a_misspelt_hub_key_is_named() {
+        let parse = |t: &str| {
+            toml::from_str::<toml::Value>(t).unwrap()["m"]
+                .clone()
+                .try_into::<ModelSource>()
+                .unwrap_err()
+                .to_string()
+                .trim_end()
+                .to_string()
+        };
+        assert_eq!(
+            parse("m = { repo = \"a/b\", fil = \"x.gguf\" }"),
+            "unknown field `fil`, expected one of `repo`, `file`, `revision`"
+        );
+        assert_eq!(parse("m = { repo = \"a/b\" }"), "missing field `file`");
+        assert_eq!(
+            parse("m = 3"),
+            "invalid type: integer `3`, expected a path, or a table { repo, file, revision }"
+        );
     }
 
     #[test]

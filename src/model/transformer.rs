@@ -208,7 +208,13 @@ impl Config {
                 (true, 62) => 1.0 / ((hidden / heads) as f32).sqrt(),
                 _ => 1.0 / (head_dim as f32).sqrt(),
             },
-            rope_scale: match f.string(&key("rope.scaling.type")).ok().as_deref() {
+            // Absent means none; present, it must be a string.
+            rope_scale: match f
+                .get(&key("rope.scaling.type"))
+                .map(|_| f.string(&key("rope.scaling.type")))
+                .transpose()?
+                .as_deref()
+            {
                 None | Some("none") => 1.0,
                 Some("linear") => 1.0 / positive("rope.scaling.factor", 1.0)?,
                 Some(other) => {
