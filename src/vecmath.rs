@@ -172,6 +172,8 @@ macro_rules! fast_path {
             fn body($($arg: $ty),*) $(-> $ret)? $body
             #[cfg(target_arch = "x86_64")]
             {
+                /// # Safety
+                /// The CPU must have AVX2 and FMA.
                 #[target_feature(enable = "avx2,fma")]
                 unsafe fn fast($($arg: $ty),*) $(-> $ret)? {
                     body($($arg),*)

@@ -136,6 +136,8 @@ fn attend(layer: &Layer, queries: &[usize], outs: &mut [&mut [f32]], scores: &mu
         Variant::Portable => unsafe { attend_with::<[f32; 8], 4, 8>(layer, queries, outs, scores) },
         #[cfg(target_arch = "x86_64")]
         Variant::Avx2 => {
+            /// # Safety
+            /// The CPU must have AVX2 and FMA.
             #[target_feature(enable = "avx2,fma")]
             unsafe fn avx2(l: &Layer, q: &[usize], outs: &mut [&mut [f32]], s: &mut Vec<f32>) {
                 attend_with::<std::arch::x86_64::__m256, 4, 8>(l, q, outs, s)
@@ -145,6 +147,8 @@ fn attend(layer: &Layer, queries: &[usize], outs: &mut [&mut [f32]], scores: &mu
         }
         #[cfg(target_arch = "x86_64")]
         Variant::Avx512 => {
+            /// # Safety
+            /// The CPU must have AVX2, FMA, AVX-512 F and VL.
             #[target_feature(enable = "avx2,fma,avx512f,avx512vl")]
             unsafe fn avx512(l: &Layer, q: &[usize], outs: &mut [&mut [f32]], s: &mut Vec<f32>) {
                 attend_with::<std::arch::x86_64::__m256, 8, 16>(l, q, outs, s)
@@ -207,7 +211,7 @@ impl Variant {
 /// its own operations either way).
 ///
 /// # Safety
-/// The CPU must run `L`'s methods ([`Lanes`]).
+/// The CPU must run `L`'s methods ([`Lanes`]): AVX2 and FMA for `__m256`, none for arrays.
 #[inline(always)]
 unsafe fn attend_with<L: Lanes, const KEYS: usize, const VECS: usize>(
     layer: &Layer,

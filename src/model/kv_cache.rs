@@ -27,10 +27,21 @@ impl KvCache {
         self.len
     }
 
-    /// Appends `k` and `v` (whole rows of `kv_heads * head_dim`) to `layer`.
+    /// Appends `k` and `v` (whole rows of `kv_heads * head_dim`) to `layer`, after its
+    /// committed positions: rows an unfinished forward left uncommitted are dropped first.
     /// The new length takes effect with [`KvCache::commit`] once every layer has appended.
+    ///
+    /// Panics if `k` and `v` are not the same whole number of rows.
     pub fn append(&mut self, layer: usize, k: &[f32], v: &[f32]) {
-        debug_assert_eq!(self.keys[layer].len(), self.len * self.row);
+        assert!(
+            k.len() == v.len() && k.len().is_multiple_of(self.row),
+            "keys and values of {} and {} values, rows of {}",
+            k.len(),
+            v.len(),
+            self.row
+        );
+        self.keys[layer].truncate(self.len * self.row);
+        self.values[layer].truncate(self.len * self.row);
         self.keys[layer].extend_from_slice(k);
         self.values[layer].extend_from_slice(v);
     }
@@ -81,6 +92,20 @@ mod tests {
             assert_eq!(cache.layer(0).0, &[1.0; 2].repeat(committed + 1)[..]);
             assert_eq!(cache.layer(0).1.len(), cache.layer(1).1.len());
         }
+    }
+
+    /// A forward that stopped between `append` and `commit`, not truncated after: the next
+    /// forward's rows still follow the committed ones.
+    #[test]
+    fn appending_drops_rows_left_uncommitted() {
+        let mut cache = KvCache::new(1, 1, 2);
+        cache.append(0, &[1.0; 2], &[1.0; 2]);
+        cache.commit(1);
+        cache.append(0, &[9.0; 4], &[9.0; 4]);
+        cache.append(0, &[2.0; 2], &[2.0; 2]);
+        cache.commit(1);
+        assert_eq!(cache.layer(0).0, &[1.0, 1.0, 2.0, 2.0][..]);
+        assert_eq!(cache.layer(0).1, &[1.0, 1.0, 2.0, 2.0][..]);
     }
 
     #[test]

@@ -419,8 +419,11 @@ fn q5_0_to_q8_0(src: &[u8; Q5_0_BYTES], dst: &mut [u8; Q8_0_BYTES]) {
 
 /// The Q8_0 blocks holding exactly the values of `blocks`.
 fn widen_q5_0(blocks: &[BlockQ5_0]) -> Vec<BlockQ8_0> {
-    debug_assert_eq!(std::mem::size_of::<BlockQ5_0>(), Q5_0_BYTES);
-    debug_assert_eq!(std::mem::size_of::<BlockQ8_0>(), Q8_0_BYTES);
+    // The byte views below are only in bounds if the blocks are exactly these sizes.
+    const {
+        assert!(std::mem::size_of::<BlockQ5_0>() == Q5_0_BYTES);
+        assert!(std::mem::size_of::<BlockQ8_0>() == Q8_0_BYTES);
+    }
     let n = blocks.len();
     let mut v: Vec<BlockQ8_0> = vec![BlockQ8_0::zeros(); n];
     // SAFETY: both are repr(C) blocks of bytes and f16s, any bit pattern valid.

@@ -156,6 +156,15 @@ pub(super) struct ActBlock {
     d32: [f32; 8],
 }
 
+// The kernels read every field with aligned 256-bit loads.
+const _: () = {
+    use std::mem::{offset_of, size_of};
+    assert!(offset_of!(ActBlock, offsets).is_multiple_of(32));
+    assert!(offset_of!(ActBlock, sums32).is_multiple_of(32));
+    assert!(offset_of!(ActBlock, d32).is_multiple_of(32));
+    assert!(size_of::<ActBlock>().is_multiple_of(32) && size_of::<HalfOffsets>() == 32);
+};
+
 /// A half's offsets ([`ActBlock::offsets`]): per 16-bit product (AVX2) or per 32-bit lane
 /// (AVX-VNNI). The kernels load them as a vector; only the quantization reads the fields.
 #[derive(Clone, Copy)]
@@ -192,7 +201,7 @@ impl ActBlock {
     /// them if `vnni`.
     ///
     /// # Safety
-    /// The CPU must have AVX2.
+    /// The CPU must have AVX2, FMA and F16C.
     unsafe fn quantize<B: Block>(lhs: &[f32], m: usize, k: usize, vnni: bool) -> Vec<ActBlock> {
         let offset = match vnni {
             true => Offset::Lanes(B::VNNI_OFFSET),
@@ -211,7 +220,7 @@ impl ActBlock {
     }
 
     /// # Safety
-    /// The CPU must have AVX2.
+    /// The CPU must have AVX2, FMA and F16C.
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn quantize_block(x: &[f32; QK], per32: bool, offset: Offset) -> ActBlock {
         let p = x.as_ptr();
@@ -1042,6 +1051,8 @@ macro_rules! products {
                 rows: usize,
                 out: &mut Tile,
             ) {
+                /// # Safety
+                /// As [`Products::tile`]: the CPU has this implementor's features.
                 #[target_feature(enable = $features)]
                 unsafe fn compiled<
                     B: Block,

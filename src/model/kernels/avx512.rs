@@ -35,7 +35,8 @@ pub(super) fn supported() -> bool {
 /// `dst[m x n] = lhs[m x k] x Wᵀ` for `n` Q6_K weight rows of `k / 256` blocks each.
 ///
 /// # Safety
-/// The CPU must have AVX-512 F, BW and VNNI ([`supported`]). Slice lengths are checked.
+/// The CPU must have AVX-512 F, BW and VNNI, AVX2 and F16C
+/// ([`Kernels::runs_here`](super::Kernels::runs_here)). Slice lengths are checked.
 pub(super) unsafe fn matmul_q6k(
     w: &[PackedQ6K<WIDE>],
     mkn: (usize, usize, usize),
@@ -106,8 +107,9 @@ trait Steps<const Z: usize> {
     /// [`Steps::OFFSET_LOG2`]) the offset to subtract per unit of activation sum.
     ///
     /// # Safety
-    /// The CPU must have AVX-512 F, BW and VNNI; `j` below an `end` and `s` below a `ks` for
-    /// which [`Steps::holds_steps`] is true.
+    /// The CPU must have AVX-512 F, BW and VNNI, AVX2 and F16C
+    /// ([`Kernels::runs_here`](super::Kernels::runs_here)); `j` below an `end` and `s` below a `ks`
+    /// for which [`Steps::holds_steps`] is true.
     unsafe fn step(&self, j: usize, s: usize) -> ([__m512i; Z], __m512, __m512);
 }
 
@@ -236,7 +238,7 @@ impl<B, H> TwoBlocks<'_, B, H> {
 /// The low and high nibbles of the pieces `0..4`: the eight value vectors.
 ///
 /// # Safety
-/// The CPU must have AVX-512 F and BW.
+/// The CPU must have AVX-512 F, BW and VNNI, and AVX2.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2")]
 unsafe fn nibble_vectors(piece: impl Fn(usize) -> __m512i) -> [__m512i; 8] {
@@ -380,7 +382,7 @@ two_block! {
 /// bit planes in piece 4 (bit `z` of a byte is bit 4 of the value at that byte of vector `z`).
 ///
 /// # Safety
-/// The CPU must have AVX-512 F and BW.
+/// The CPU must have AVX-512 F, BW and VNNI, and AVX2.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2")]
 unsafe fn planes_vectors(piece: impl Fn(usize) -> __m512i) -> [__m512i; 8] {
@@ -425,12 +427,22 @@ impl<const Z: usize> Acts<Z> {
     /// Values a step holds.
     const VALUES: usize = 64 * Z;
 
+    /// The kernels read the sums and scales with aligned 512-bit loads (checked where
+    /// [`Acts::quantize`] builds them, at compile time).
+    const ALIGNED: () = {
+        use std::mem::offset_of;
+        assert!(
+            offset_of!(Self, sums).is_multiple_of(64) && offset_of!(Self, d).is_multiple_of(64)
+        );
+    };
+
     /// Quantizes `m` rows of `k` values, step by step (a row's last step padded with zeros,
     /// as the weights are), with the lane sums for weights of offset `2^offset_log2`.
     ///
     /// # Safety
-    /// The CPU must have AVX-512 F and BW.
+    /// The CPU must have AVX-512 F, BW and VNNI, and AVX2.
     unsafe fn quantize(lhs: &[f32], m: usize, k: usize, offset_log2: Option<u32>) -> Vec<Self> {
+        let () = Self::ALIGNED;
         let mut out = Vec::with_capacity(m * k.div_ceil(Self::VALUES));
         for row in lhs.chunks_exact(k) {
             for x in row.chunks(Self::VALUES) {
@@ -454,7 +466,7 @@ impl<const Z: usize> Acts<Z> {
     /// Quantizes block `i` of the step (its lanes `16i / (Z / 4) ..`) from `x`.
     ///
     /// # Safety
-    /// The CPU must have AVX-512 F and BW; `i < Z / 4`.
+    /// The CPU must have AVX-512 F, BW and VNNI, and AVX2; `i < Z / 4`.
     #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2")]
     unsafe fn quantize_block(&mut self, i: usize, x: &[f32; QK], offset_log2: Option<u32>) {
         const { assert!(Z == 4 || Z == 8) };
@@ -508,7 +520,7 @@ impl<const Z: usize> Acts<Z> {
 /// The low four bits of 256 values, stored as the layout's nibbles, as the four vectors.
 ///
 /// # Safety
-/// The CPU must have AVX-512 F and BW.
+/// The CPU must have AVX-512 F, BW and VNNI, and AVX2.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2")]
 unsafe fn nibbles(qs: &[u8; 128]) -> [__m512i; 4] {
@@ -525,7 +537,7 @@ unsafe fn nibbles(qs: &[u8; 128]) -> [__m512i; 4] {
 /// A Q6_K block in registers.
 ///
 /// # Safety
-/// The CPU must have AVX-512 F, BW and VNNI.
+/// The CPU must have AVX-512 F, BW and VNNI, and AVX2.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2")]
 unsafe fn unpack_q6k(x: &PackedQ6K<WIDE>) -> ([__m512i; 4], __m512, __m512) {
@@ -632,7 +644,7 @@ type Sums = [__m512; MAX_ROWS];
 /// in the same order either way.
 ///
 /// # Safety
-/// The CPU must have AVX-512 F, BW and VNNI. Slice lengths are checked here.
+/// The CPU must have AVX-512 F, BW and VNNI, and AVX2. Slice lengths are checked here.
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2")]
 unsafe fn packed_tile<W: Steps<Z>, const Z: usize>(
     w: &W,
@@ -763,8 +775,8 @@ unsafe fn load_act<const Z: usize>(a: &Acts<Z>) -> [__m512i; Z] {
 /// without, `ss` is the whole row.
 ///
 /// # Safety
-/// The CPU must have AVX-512 F, BW and VNNI; `acts` holds `rows` rows of `ks` steps and `w`
-/// row `j` of `ks` steps (checked by [`packed_tile`]). The rest is checked here.
+/// The CPU must have AVX-512 F, BW and VNNI, and AVX2; `acts` holds `rows` rows of `ks` steps and
+/// `w` row `j` of `ks` steps (checked by [`packed_tile`]). The rest is checked here.
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2")]
 #[inline(never)]
 #[allow(clippy::too_many_arguments)]
@@ -865,7 +877,8 @@ fn checked<const S: bool, const N: usize>(
 /// element, so that with a fixed row count the accumulators stay in registers).
 ///
 /// # Safety
-/// The CPU must have AVX-512 F; if `from_kept`, `kept` holds more than `i` sums.
+/// The CPU must have AVX-512 F, BW and VNNI, and AVX2; if `from_kept`, `kept` holds more than `i`
+/// sums.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2")]
 unsafe fn start(from_kept: bool, kept: &[Sums], i: usize, rows: usize) -> Sums {
@@ -878,7 +891,7 @@ unsafe fn start(from_kept: bool, kept: &[Sums], i: usize, rows: usize) -> Sums {
 /// `acc`'s first `rows` sums into `kept[i]`.
 ///
 /// # Safety
-/// The CPU must have AVX-512 F; `kept` holds more than `i` sums.
+/// The CPU must have AVX-512 F, BW and VNNI, and AVX2; `kept` holds more than `i` sums.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2")]
 unsafe fn keep(acc: &Sums, kept: &mut [Sums], i: usize, rows: usize) {

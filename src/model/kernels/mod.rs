@@ -199,10 +199,16 @@ impl Packed {
     ///
     /// Panics if `kernels` is [`Kernels::Portable`], which multiplies candle's blocks as they
     /// are.
+    /// Panics too if this CPU does not run `kernels`: the blocks would be packed for
+    /// products that cannot run.
     pub fn new(source: Source, cols: usize, kernels: Kernels) -> Self {
         assert!(
             kernels != Kernels::Portable,
             "the portable path does not repack"
+        );
+        assert!(
+            kernels.runs_here(),
+            "the {kernels:?} kernels do not run on this CPU"
         );
         // Q6_K, whose scales are per 16 values, takes AVX-512's layout under its kernels;
         // everything else AVX2's.
@@ -281,6 +287,9 @@ impl Packed {
     ///
     /// Panics if the slices are shorter than the shape says.
     pub fn matmul(&self, mkn: (usize, usize, usize), lhs: &[f32], dst: &mut [f32]) {
+        // Only x86-64 packs (`Packed::new` needs a family that runs here).
+        #[cfg(not(target_arch = "x86_64"))]
+        unreachable!("packed weights on a CPU without the kernels");
         #[cfg(target_arch = "x86_64")]
         // SAFETY: `Packed::new` only packs for a fast family, in the layout of the family that
         // multiplies the format; that family runs on this CPU (checked here; an AVX-512 CPU
@@ -317,7 +326,10 @@ impl Packed {
             }
             let avx512 = self.kernels == Kernels::Avx512;
             match &self.blocks {
-                Blocks::Q6KWide(b) => avx512::matmul_q6k(&b.blocks, mkn, lhs, dst),
+                Blocks::Q6KWide(b) if avx512 => avx512::matmul_q6k(&b.blocks, mkn, lhs, dst),
+                Blocks::Q6KWide(_) => {
+                    unreachable!("AVX-512's Q6_K layout packed for {:?}", self.kernels)
+                }
                 Blocks::Q4K(b) if avx512 => two_blocks!(b),
                 Blocks::Q5K(b) if avx512 => two_blocks!(b),
                 Blocks::Q5_0(b) if avx512 => two_blocks!(b),
@@ -335,8 +347,8 @@ impl Packed {
     }
 }
 
-/// The output of a matmul as its tasks write it.
-struct Dst(*mut f32);
+/// The output of a matmul as its tasks write it: its start and length.
+struct Dst(*mut f32, usize);
 // SAFETY: every (row, column) of dst is written by exactly one task.
 unsafe impl Sync for Dst {}
 
@@ -369,13 +381,12 @@ fn for_each_output(
         "output holds {} values, not {m} x {n}",
         dst.len()
     );
-    let dst = Dst(dst.as_mut_ptr());
+    let dst = Dst(dst.as_mut_ptr(), dst.len());
     let dst = &dst;
     let rows = pass_rows(row_bytes);
     for pass in (0..m).step_by(rows).map(|p| p..m.min(p + rows)) {
         candle_core::utils::barrier_pool().execute_chunked(n.div_ceil(CHUNK), |chunks| {
-            // SAFETY: `pass` lies within 0..m, `dst` holds m * n values (asserted above), and
-            // each task gets its own chunks of weight rows.
+            // SAFETY: each task gets its own chunks of weight rows.
             unsafe { each_tile(pass.clone(), n, chunks, dst, &f) }
         });
     }
@@ -407,9 +418,10 @@ const PASS_BYTES: usize = 512 << 10;
 /// longer with the AVX-512 kernels and 4-6% with the AVX2 ones, and the whole prefill 5-9% and
 /// 1-3%. Panels of 256 KB of weights within a task measured the same or a little slower.
 ///
+/// Panics if `dst` holds fewer than `pass.end x n` values.
+///
 /// # Safety
-/// `dst` points to `m x n` values with `pass.end <= m`, and no other task writes the columns
-/// of `chunks`.
+/// No other task writes the columns of `chunks` while this one runs.
 unsafe fn each_tile(
     pass: Range<usize>,
     n: usize,
@@ -417,6 +429,12 @@ unsafe fn each_tile(
     dst: &Dst,
     f: &(impl Fn(Range<usize>, usize, usize, &mut Tile) + Sync),
 ) {
+    assert!(
+        pass.end.checked_mul(n).is_some_and(|len| len <= dst.1),
+        "a pass to row {} of {n} columns in an output of {} values",
+        pass.end,
+        dst.1
+    );
     let mut out = [[0f32; MAX_ROWS]; CHUNK];
     for r0 in pass.clone().step_by(MAX_ROWS) {
         let rows = (pass.end - r0).min(MAX_ROWS);
@@ -425,8 +443,8 @@ unsafe fn each_tile(
             f(js.clone(), r0, rows, &mut out);
             for (j, col) in js.clone().zip(&out) {
                 for (r, &v) in col[..rows].iter().enumerate() {
-                    // SAFETY: r0 + r < pass.end <= m and j < n, so the index is below m * n,
-                    // within `dst`; the caller gives this task columns j alone.
+                    // SAFETY: r0 + r < pass.end and j < n, so the index is below pass.end * n,
+                    // within `dst` (asserted above); the caller gives this task columns j alone.
                     unsafe { *dst.0.add((r0 + r) * n + j) = v };
                 }
             }

@@ -766,6 +766,18 @@ fn every_output_is_written_whatever_the_passes() {
 
 /// A task's chunks of weight rows (several, as candle's pool hands them out) meet every tile
 /// of the pass: every output of the task's columns is written, and no other.
+/// A pass beyond what the output holds panics before anything is written.
+#[test]
+#[should_panic(expected = "a pass to row 37 of 117 columns in an output of 4200 values")]
+fn each_tile_checks_its_output_bound() {
+    let n = 7 * CHUNK + 5;
+    let mut dst = vec![0f32; 4200];
+    let out = &Dst(dst.as_mut_ptr(), dst.len());
+    let f = |_: Range<usize>, _: usize, _: usize, _: &mut Tile| {};
+    // SAFETY: this is the only task.
+    unsafe { each_tile(3..37, n, 0..8, out, &f) };
+}
+
 #[test]
 fn each_tile_writes_its_columns_and_no_other() {
     let (m, n) = (40, 7 * CHUNK + 5);
@@ -780,8 +792,9 @@ fn each_tile_writes_its_columns_and_no_other() {
                 }
             }
         };
-        // SAFETY: `dst` holds m x n values and pass.end <= m; this is the only task.
-        unsafe { each_tile(pass.clone(), n, chunks.clone(), &Dst(dst.as_mut_ptr()), &f) };
+        let out = &Dst(dst.as_mut_ptr(), dst.len());
+        // SAFETY: this is the only task.
+        unsafe { each_tile(pass.clone(), n, chunks.clone(), out, &f) };
         let columns = chunks.start * CHUNK..n.min(chunks.end * CHUNK);
         for (i, v) in dst.iter().enumerate() {
             let (r, j) = (i / n, i % n);
