@@ -296,7 +296,9 @@ impl<'a> Request<'a> {
 
     /// Holds a drafter's answer to its contract: exactly the tokens admitted, one distribution
     /// per token, ids inside the reviewer's vocabulary, probabilities that sum to 1 within
-    /// 1e-3. `who` names the drafter in the error. A distribution off by more than rounding
+    /// 1e-3. `who` names the drafter in the error. A dense distribution over fewer ids than
+    /// the reviewer's (a drafter model whose vocabulary is the beginning of the target's) is
+    /// filled in with zeros. A distribution off by more than rounding
     /// (in f64) but within that bound is rescaled to sum to 1: sampling normalizes its
     /// weights, so the token was drawn from the rescaled one, and the review must read its q.
     pub fn check(&self, draft: &mut Draft, who: &str) -> Result<()> {
@@ -324,12 +326,12 @@ impl<'a> Request<'a> {
         for (i, (&t, dist)) in draft.tokens.iter().zip(&mut draft.dists).enumerate() {
             let inside = match dist {
                 Dist::Point(x) => (*x as usize) < vocab,
-                Dist::Dense(p) => p.len() == vocab,
+                Dist::Dense(p) => p.len() <= vocab,
                 Dist::Sparse(s) => s.iter().all(|&(x, _)| (x as usize) < vocab),
             };
             if !inside {
                 return broke(format!(
-                    "reported a distribution at position {i} that does not fit the vocabulary ({vocab} tokens; a dense one needs one probability per token)"
+                    "reported a distribution at position {i} that does not fit the vocabulary ({vocab} tokens; a dense one has at most one probability per token)"
                 ));
             }
             // The review reads q(x) as given, while sampling normalizes: weights that do not
@@ -364,6 +366,11 @@ impl<'a> Request<'a> {
             }
             if (total - 1.0).abs() > f64::from(f32::EPSILON) {
                 dist.rescale(1.0 / total);
+            }
+            // A drafter of a narrower vocabulary (the beginning of the reviewer's) gives the
+            // ids it lacks no probability.
+            if let Dist::Dense(p) = dist {
+                p.resize(vocab, 0.0);
             }
             let p = dist.prob(t);
             if p.is_nan() || p <= 0.0 {

@@ -62,7 +62,7 @@ pub enum Error {
     #[error(
         "vocabulary mismatch: drafter `{drafter}` ({drafter_vocab} tokens, fingerprint {drafter_fp:016x}) \
          cannot draft for `{target}` ({target_vocab} tokens, fingerprint {target_fp:016x}); \
-         a drafter must use the target's tokenizer"
+         a drafter must use the target's tokenizer (or its first ids)"
     )]
     /// A drafter (model, reviewer or table) whose vocabulary is not the target's.
     VocabMismatch {

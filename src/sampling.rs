@@ -45,7 +45,9 @@ impl Default for Sampling {
 pub enum Dist {
     /// All mass on one token.
     Point(u32),
-    /// A probability for every token of the vocabulary.
+    /// A probability for each of the first tokens of the vocabulary, the others 0: every
+    /// token, or those of a drafter whose vocabulary is the beginning of its reviewer's
+    /// ([`Request::check`](crate::draft::Request::check) fills in the rest).
     Dense(Vec<f32>),
     /// Probabilities of a few tokens, the others 0.
     Sparse(Vec<(u32, f32)>),

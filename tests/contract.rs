@@ -122,12 +122,12 @@ fn a_token_its_reported_distribution_cannot_draw_is_an_error_at_every_level() {
         (
             Dist::Sparse(vec![(1, 0.5), (40, 0.5)]),
             "`broken` reported a distribution at position 0 that does not fit the vocabulary \
-             (6 tokens; a dense one needs one probability per token)",
+             (6 tokens; a dense one has at most one probability per token)",
         ),
         (
-            Dist::Dense(vec![0.5, 0.5]),
+            Dist::Dense(vec![0.125; 8]),
             "`broken` reported a distribution at position 0 that does not fit the vocabulary \
-             (6 tokens; a dense one needs one probability per token)",
+             (6 tokens; a dense one has at most one probability per token)",
         ),
         // Sampling normalizes weights, the review reads them as given.
         (

@@ -287,6 +287,30 @@ fn a_trimmed_draft_vocabulary_keeps_the_target_distribution() {
     assert!(failures.is_empty(), "{failures:#?}");
 }
 
+/// A drafter model of a narrower vocabulary, the beginning of the target's (as the Qwen2.5
+/// 0.5B's 151,936 ids are of the 7B's 152,064), reports distributions over its own ids: the
+/// review reads the ids it lacks as never drafted, and the output keeps the target's
+/// distribution, in which the missing id matters.
+#[test]
+fn a_drafter_of_a_narrower_vocabulary_keeps_the_target_distribution() {
+    let mut failures = Vec::new();
+    for (label, s) in &settings()[..2] {
+        let p = exact(s, 4);
+        assert!(
+            p[0].chunks(VOCAB).map(|row| row[VOCAB - 1]).sum::<f64>() > 0.05,
+            "the id the drafter lacks must matter"
+        );
+        let narrow = ToyModel::new(22, VOCAB - 1, 4.0);
+        let d = NeuralDrafter::new("narrow", Box::new(narrow));
+        let mut e = engine_with(Box::new(d), None);
+        match fit(&p, &sampled_with(&mut e, s, 4, (0.2, 0.9))) {
+            Ok(stat) => eprintln!("narrower vocabulary, {label}: chi-square {stat:.1}"),
+            Err(err) => failures.push(format!("narrower vocabulary, {label}: {err}")),
+        }
+    }
+    assert!(failures.is_empty(), "{failures:#?}");
+}
+
 #[test]
 fn greedy_speculative_output_is_the_targets_argmax_chain() {
     let t = target();

@@ -4,7 +4,7 @@ mod common;
 
 use cascade::config::RawConfig;
 use cascade::model::LoadedModel;
-use common::{models_dir, serial, DRAFT, SMOLLM2};
+use common::{models_dir, serial, DRAFT, GEMMA3, SMOLLM2};
 use std::path::Path;
 
 /// Validates `toml` with model paths relative to the models folder; returns the error text.
@@ -506,9 +506,53 @@ fn vocabulary_mismatch_is_refused_at_load_time() {
     assert!(
         e.starts_with("vocabulary mismatch: drafter `smol` (49152 tokens, fingerprint ")
             && e.contains("cannot draft for `target` (151936 tokens, fingerprint ")
-            && e.ends_with("a drafter must use the target's tokenizer"),
+            && e.ends_with("a drafter must use the target's tokenizer (or its first ids)"),
         "{e}"
     );
+}
+
+/// A drafter whose vocabulary is the beginning of the target's, with logits no wider, may draft
+/// for it (as the Qwen2.5 0.5B's 151,936 ids for the 7B's 152,064); one with other text at a
+/// shared id, or wider logits, may not. Real weights (SmolLM2's 49,152 rows, Gemma 3's 262,144)
+/// under toy vocabularies.
+#[test]
+fn a_drafter_may_have_the_beginning_of_the_targets_vocabulary() {
+    use cascade::config::check_vocab;
+    let _s = serial();
+    let with = |file: &str, tokenizer: cascade::tokenizer::Tokenizer| {
+        let m = common::real(file);
+        LoadedModel {
+            path: m.path.clone(),
+            weights: m.weights.clone(),
+            tokenizer,
+        }
+    };
+    let (narrow, wide) = (common::toy_tokenizer(5), common::toy_tokenizer(6));
+    let target = with(GEMMA3, wide.clone());
+    assert!(check_vocab(&target, "target", &with(SMOLLM2, narrow.clone()), "d").is_ok());
+    assert!(check_vocab(&target, "target", &with(SMOLLM2, wide.clone()), "d").is_ok());
+    // Wider logits than the target's.
+    let e = check_vocab(
+        &with(SMOLLM2, wide.clone()),
+        "target",
+        &with(GEMMA3, narrow),
+        "d",
+    );
+    assert!(e.is_err());
+    // Another token at a shared id: t0..t3, then `x`.
+    let words = (0..4u32)
+        .map(|i| (format!("t{i}"), i))
+        .chain([("x".into(), 4)]);
+    let model = tokenizers::models::wordlevel::WordLevel::builder()
+        .vocab(words.collect())
+        .unk_token("t0".into())
+        .build()
+        .unwrap();
+    let other =
+        cascade::tokenizer::Tokenizer::from_parts(tokenizers::Tokenizer::new(model), vec![]);
+    assert_eq!(other.vocab_size(), 5);
+    let e = check_vocab(&target, "target", &with(SMOLLM2, other), "d");
+    assert!(e.is_err());
 }
 
 #[test]

@@ -338,7 +338,10 @@ pub fn trimmed_tokens(
     Ok(tokens.into())
 }
 
-/// A drafter must speak the target's vocabulary: same tokens at the same ids, same logits width.
+/// A drafter must speak the target's vocabulary: its tokens are the target's at the same ids,
+/// and its logits no wider than the target's. It may have fewer: the larger models of a family
+/// pad theirs further (Qwen2.5 7B to 32B have 152,064 ids, the 0.5B to 3B 151,936), and a
+/// drafter never proposes the ids it lacks, which the target's review still samples.
 pub fn check_vocab(
     target: &LoadedModel,
     target_name: &str,
@@ -346,8 +349,9 @@ pub fn check_vocab(
     drafter_name: &str,
 ) -> Result<()> {
     let (t, d) = (&target.tokenizer, &drafter.tokenizer);
-    if t.fingerprint() != d.fingerprint()
-        || target.weights.vocab_size() != drafter.weights.vocab_size()
+    if d.vocab_size() > t.vocab_size()
+        || t.fingerprint_of_first(d.vocab_size()) != d.fingerprint()
+        || drafter.weights.vocab_size() > target.weights.vocab_size()
     {
         return Err(Error::VocabMismatch {
             target: target_name.into(),

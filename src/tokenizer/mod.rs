@@ -106,7 +106,7 @@ impl Tokenizer {
     /// Wraps a `tokenizers::Tokenizer` directly (synthetic vocabularies in tests, plug-ins):
     /// `eos` lists the end-of-sequence ids.
     pub fn from_parts(inner: tokenizers::Tokenizer, eos: Vec<u32>) -> Self {
-        let fingerprint = fingerprint(&inner);
+        let fingerprint = fingerprint(&inner, inner.get_vocab_size(true));
         let mut hidden: Vec<u32> = inner
             .get_added_tokens_decoder()
             .iter()
@@ -202,6 +202,15 @@ impl Tokenizer {
     /// A hash of every (id, token) pair: equal fingerprints mean the same ids mean the same text.
     pub fn fingerprint(&self) -> u64 {
         self.fingerprint
+    }
+
+    /// The [`Tokenizer::fingerprint`] of the first `n` ids alone (all of them if `n` is the
+    /// vocabulary's size): whether a smaller vocabulary is this one's beginning.
+    pub fn fingerprint_of_first(&self, n: usize) -> u64 {
+        match n == self.vocab_size() {
+            true => self.fingerprint,
+            false => fingerprint(&self.inner, n.min(self.vocab_size())),
+        }
     }
 }
 
@@ -299,9 +308,10 @@ fn user_defined(gguf: &GgufFile<'_>) -> Vec<u32> {
     }
 }
 
-fn fingerprint(t: &tokenizers::Tokenizer) -> u64 {
+/// The hash of the first `n` (id, token) pairs of `t`.
+fn fingerprint(t: &tokenizers::Tokenizer, n: usize) -> u64 {
     let mut h = fxhash::FxHasher64::default();
-    for id in 0..t.get_vocab_size(true) as u32 {
+    for id in 0..n as u32 {
         h.write_u32(id);
         if let Some(tok) = t.id_to_token(id) {
             h.write(tok.as_bytes());
