@@ -421,6 +421,30 @@ fn an_unsupported_quantization_is_named() {
     }
 }
 
+/// Linear RoPE scaling is read from `rope.scaling.factor`, or from the older
+/// `rope.scale_linear` where no scaling type is given (as llama.cpp reads both).
+#[test]
+fn linear_rope_scaling_is_read_under_either_key() {
+    use candle_core::quantized::gguf_file::Value;
+    use cascade::model::transformer::Config;
+    let scale = |keys: &[(&str, Value)]| {
+        let mut gguf = cascade::model::gguf::GgufFile::open(&models_dir().join(SMOLLM2)).unwrap();
+        for (k, v) in keys {
+            gguf.content
+                .metadata
+                .insert(format!("llama.{k}"), v.clone());
+        }
+        Config::from_gguf(&gguf).unwrap().rope_scale
+    };
+    assert_eq!(scale(&[]), 1.0);
+    assert_eq!(scale(&[("rope.scale_linear", Value::F32(4.0))]), 0.25);
+    let linear = ("rope.scaling.type", Value::String("linear".into()));
+    assert_eq!(
+        scale(&[linear, ("rope.scaling.factor", Value::F32(2.0))]),
+        0.5
+    );
+}
+
 /// A RoPE scaling type that is not a string is an error, not read as no scaling.
 #[test]
 fn a_rope_scaling_type_that_is_not_a_string_is_named() {

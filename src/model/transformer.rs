@@ -215,6 +215,10 @@ impl Config {
                 .transpose()?
                 .as_deref()
             {
+                // Older files give a linear factor under its own key.
+                None if f.get(&key("rope.scale_linear")).is_some() => {
+                    1.0 / positive("rope.scale_linear", 1.0)?
+                }
                 None | Some("none") => 1.0,
                 Some("linear") => 1.0 / positive("rope.scaling.factor", 1.0)?,
                 Some(other) => {
