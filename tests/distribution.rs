@@ -263,52 +263,51 @@ fn speculative_sampling_matches_the_target_distribution() {
     assert!(failures.is_empty(), "{failures:#?}");
 }
 
-/// A drafter scoring part of the vocabulary (its trimmed vocabulary plus the prompt's tokens)
-/// never proposes the others, which the target still samples: the review keeps the target's
-/// distribution because the drafter reports the distribution over the part it sampled from.
-#[test]
-fn a_trimmed_draft_vocabulary_keeps_the_target_distribution() {
-    let mut failures = Vec::new();
-    for (label, s) in &settings()[..2] {
-        let p = exact(s, 4);
-        // Scored: 0 and 3, and the prompt's 1, 4 and 2; never 5.
-        let d =
-            NeuralDrafter::new("trimmed", Box::new(drafter())).with_vocabulary(Arc::from([0, 3]));
-        let mut e = engine_with(Box::new(d), None);
-        assert!(
-            p[0].chunks(VOCAB).map(|row| row[5]).sum::<f64>() > 0.05,
-            "5 must matter"
-        );
-        match fit(&p, &sampled_with(&mut e, s, 4, (0.2, 0.9))) {
-            Ok(stat) => eprintln!("trimmed vocabulary, {label}: chi-square {stat:.1}"),
-            Err(err) => failures.push(format!("trimmed vocabulary, {label}: {err}")),
-        }
-    }
-    assert!(failures.is_empty(), "{failures:#?}");
-}
-
-/// A drafter model of a narrower vocabulary, the beginning of the target's (as the Qwen2.5
-/// 0.5B's 151,936 ids are of the 7B's 152,064), reports distributions over its own ids: the
-/// review reads the ids it lacks as never drafted, and the output keeps the target's
-/// distribution, in which the missing id matters.
-#[test]
-fn a_drafter_of_a_narrower_vocabulary_keeps_the_target_distribution() {
+/// Samples with drafters from `make`, which never propose the last id, at the first two
+/// settings and K = 4, and fits the target's distribution, in which that id matters.
+fn never_drafting_the_last_id_keeps_the_distribution(
+    what: &str,
+    make: impl Fn() -> Box<dyn Drafter>,
+) {
     let mut failures = Vec::new();
     for (label, s) in &settings()[..2] {
         let p = exact(s, 4);
         assert!(
             p[0].chunks(VOCAB).map(|row| row[VOCAB - 1]).sum::<f64>() > 0.05,
-            "the id the drafter lacks must matter"
+            "the last id must matter"
         );
-        let narrow = ToyModel::new(22, VOCAB - 1, 4.0);
-        let d = NeuralDrafter::new("narrow", Box::new(narrow));
-        let mut e = engine_with(Box::new(d), None);
+        let mut e = engine_with(make(), None);
         match fit(&p, &sampled_with(&mut e, s, 4, (0.2, 0.9))) {
-            Ok(stat) => eprintln!("narrower vocabulary, {label}: chi-square {stat:.1}"),
-            Err(err) => failures.push(format!("narrower vocabulary, {label}: {err}")),
+            Ok(stat) => eprintln!("{what}, {label}: chi-square {stat:.1}"),
+            Err(err) => failures.push(format!("{what}, {label}: {err}")),
         }
     }
     assert!(failures.is_empty(), "{failures:#?}");
+}
+
+/// A drafter scoring part of the vocabulary (its trimmed vocabulary plus the prompt's tokens)
+/// never proposes the others, which the target still samples: the review keeps the target's
+/// distribution because the drafter reports the distribution over the part it sampled from.
+#[test]
+fn a_trimmed_draft_vocabulary_keeps_the_target_distribution() {
+    // Scored: 0 and 3, and the prompt's 1, 4 and 2; never 5.
+    never_drafting_the_last_id_keeps_the_distribution("trimmed vocabulary", || {
+        Box::new(
+            NeuralDrafter::new("trimmed", Box::new(drafter())).with_vocabulary(Arc::from([0, 3])),
+        )
+    });
+}
+
+/// A drafter model of a narrower vocabulary, the beginning of the target's (as the Qwen2.5
+/// 0.5B's 151,936 ids are of the 7B's 152,064), reports distributions over its own ids: the
+/// review reads the ids it lacks as never drafted, and the output keeps the target's
+/// distribution.
+#[test]
+fn a_drafter_of_a_narrower_vocabulary_keeps_the_target_distribution() {
+    never_drafting_the_last_id_keeps_the_distribution("narrower vocabulary", || {
+        let narrow = ToyModel::new(22, VOCAB - 1, 4.0);
+        Box::new(NeuralDrafter::new("narrow", Box::new(narrow)))
+    });
 }
 
 #[test]
