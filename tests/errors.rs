@@ -371,33 +371,43 @@ fn tensor_info_error(name: &str, edit: impl FnOnce(&mut [u8], usize)) -> String 
     e[prefix.len()..].to_string()
 }
 
-/// A tensor the transformer does not read (a bias of the attention output, as some Llama
-/// variants have) is refused: loading without it would compute other logits.
-#[test]
-fn a_tensor_the_transformer_does_not_use_is_refused() {
-    use candle_core::quantized::gguf_file::TensorInfo;
+/// The load error of SmolLM2 with its header edited in memory by `edit`, without the
+/// message's file prefix.
+fn edited_smollm2_error(
+    edit: impl FnOnce(&mut candle_core::quantized::gguf_file::Content),
+) -> String {
     let path = models_dir().join(SMOLLM2);
     let mut gguf = cascade::model::gguf::GgufFile::open(&path).unwrap();
-    let infos = &mut gguf.content.tensor_infos;
-    let norm = &infos["blk.0.attn_norm.weight"];
-    let bias = TensorInfo {
-        ggml_dtype: norm.ggml_dtype,
-        shape: norm.shape.clone(),
-        offset: norm.offset,
-    };
-    infos.insert("blk.0.attn_output.bias".into(), bias);
+    edit(&mut gguf.content);
     let kernels = cascade::model::Kernels::detect().unwrap();
     let e = LoadedModel::from_gguf(gguf, None, kernels, &mut |_, _| {})
         .err()
         .unwrap()
         .to_string();
+    let prefix = format!("cannot read GGUF file {}: ", path.display());
+    e.strip_prefix(&prefix)
+        .unwrap_or_else(|| panic!("{e}"))
+        .to_string()
+}
+
+/// A tensor the transformer does not read (a bias of the attention output, as some Llama
+/// variants have) is refused: loading without it would compute other logits.
+#[test]
+fn a_tensor_the_transformer_does_not_use_is_refused() {
+    use candle_core::quantized::gguf_file::TensorInfo;
+    let e = edited_smollm2_error(|c| {
+        let norm = &c.tensor_infos["blk.0.attn_norm.weight"];
+        let bias = TensorInfo {
+            ggml_dtype: norm.ggml_dtype,
+            shape: norm.shape.clone(),
+            offset: norm.offset,
+        };
+        c.tensor_infos.insert("blk.0.attn_output.bias".into(), bias);
+    });
     assert_eq!(
         e,
-        format!(
-            "cannot read GGUF file {}: tensor `blk.0.attn_output.bias` is not one the llama \
-             transformer uses: the file is of a variant it does not implement",
-            path.display()
-        )
+        "tensor `blk.0.attn_output.bias` is not one the llama transformer uses: the file is of \
+         a variant it does not implement"
     );
 }
 
@@ -449,23 +459,13 @@ fn linear_rope_scaling_is_read_under_either_key() {
 #[test]
 fn a_rope_scaling_type_that_is_not_a_string_is_named() {
     use candle_core::quantized::gguf_file::Value;
-    let path = models_dir().join(SMOLLM2);
-    let mut gguf = cascade::model::gguf::GgufFile::open(&path).unwrap();
-    gguf.content
-        .metadata
-        .insert("llama.rope.scaling.type".into(), Value::U32(1));
-    let kernels = cascade::model::Kernels::detect().unwrap();
-    let e = LoadedModel::from_gguf(gguf, None, kernels, &mut |_, _| {})
-        .err()
-        .unwrap()
-        .to_string();
+    let e = edited_smollm2_error(|c| {
+        let key = "llama.rope.scaling.type";
+        c.metadata.insert(key.into(), Value::U32(1));
+    });
     assert_eq!(
         e,
-        format!(
-            "cannot read GGUF file {}: metadata `llama.rope.scaling.type` is missing or not a \
-             string",
-            path.display()
-        )
+        "metadata `llama.rope.scaling.type` is missing or not a string"
     );
 }
 
