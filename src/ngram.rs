@@ -113,7 +113,9 @@ impl BigramTable {
 
     /// Refuses a table built with another tokenizer.
     pub fn check_tokenizer(&self, tokenizer: &Tokenizer, path: &Path) -> Result<()> {
-        if self.fingerprint != tokenizer.fingerprint() {
+        // Or its first ids: a larger model of the family pads its vocabulary further.
+        let n = self.vocab_size();
+        if n > tokenizer.vocab_size() || self.fingerprint != tokenizer.fingerprint_of_first(n) {
             return Err(bad_table(
                 path,
                 format!(
@@ -395,6 +397,35 @@ mod tests {
             counts.insert((a, b), c);
         }
         BigramTable::from_counts(&counts, &[0, 9, 5, 3, 3, 1, 0, 0], 8, 3, 0xabc)
+    }
+
+    /// A word-level tokenizer of `words`, ids in order.
+    fn words(words: &[&str]) -> Tokenizer {
+        use tokenizers::models::wordlevel::WordLevel;
+        let vocab = words.iter().zip(0u32..).map(|(w, i)| (w.to_string(), i));
+        let model = WordLevel::builder()
+            .vocab(vocab.collect())
+            .unk_token(words[0].into())
+            .build()
+            .unwrap();
+        Tokenizer::from_parts(tokenizers::Tokenizer::new(model), Vec::new())
+    }
+
+    /// A table serves its own tokenizer and one that extends it (a larger model of the family,
+    /// whose vocabulary is padded further); another is refused.
+    #[test]
+    fn a_table_serves_a_tokenizer_that_extends_its_own() {
+        let own = words(&["a", "b", "c"]);
+        let t = BigramTable::from_counts(&FxHashMap::default(), &[0; 3], 3, 3, own.fingerprint());
+        let path = Path::new("t.bigram");
+        assert!(t.check_tokenizer(&own, path).is_ok());
+        assert!(t
+            .check_tokenizer(&words(&["a", "b", "c", "d"]), path)
+            .is_ok());
+        assert!(t
+            .check_tokenizer(&words(&["a", "x", "c", "d"]), path)
+            .is_err());
+        assert!(t.check_tokenizer(&words(&["a", "b"]), path).is_err());
     }
 
     #[test]
