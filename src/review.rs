@@ -17,6 +17,7 @@
 
 use crate::model::Logits;
 use crate::sampling::{argmax, sample_weights, Dist, Rng, Sampling};
+use crate::vecmath;
 use rand::Rng as _;
 use serde::{Deserialize, Serialize};
 
@@ -153,21 +154,22 @@ pub fn emitted_distribution(p: &Dist, q: &Dist, lenience: f32) -> Dist {
     // The chance of a rejection, 1 - sum(e) so far, summed from its non-negative terms: no
     // cancellation, so it is 0 only where no rejection can happen, and a token only the
     // residual can emit keeps a positive probability.
-    let rejected: f32 = qd
+    let rejected: f64 = qd
         .iter()
         .zip(pd)
-        .map(|(&q, &p)| (q - lenience * p).max(0.0))
+        .map(|(&q, &p)| f64::from((q - lenience * p).max(0.0)))
         .sum();
     let residual: Vec<f32> = pd.iter().zip(&qd).map(|(p, q)| (p - q).max(0.0)).collect();
-    let total: f32 = residual.iter().sum();
+    let total = vecmath::sum_f64(&residual);
     let (r, r_total) = if total > 0.0 {
         (&residual, total)
     } else {
         (pd, 1.0)
     };
+    let scale = rejected / r_total;
     e.iter_mut()
         .zip(r)
-        .for_each(|(e, r)| *e += rejected * r / r_total);
+        .for_each(|(e, &r)| *e += (scale * f64::from(r)) as f32);
     Dist::Dense(e)
 }
 
@@ -183,7 +185,10 @@ pub fn residual_sample(p: &Dist, q: &Dist, rng: &mut impl rand::Rng) -> u32 {
             r[*t as usize] = 0.0;
             r
         }
-        Dist::Dense(qd) => pd.iter().zip(qd).map(|(p, q)| (p - q).max(0.0)).collect(),
+        // (A drafter's narrower vocabulary gives the ids beyond it no probability.)
+        Dist::Dense(qd) => (pd.iter().enumerate())
+            .map(|(i, p)| (p - qd.get(i).copied().unwrap_or(0.0)).max(0.0))
+            .collect(),
         Dist::Sparse(qs) => {
             let mut r = pd.clone();
             qs.iter()

@@ -115,8 +115,12 @@ impl Sampling {
         if self.top_p < 1.0 {
             apply_top_p(&mut probs, self.top_p);
         }
-        let total = vecmath::sum(&probs);
-        probs.iter_mut().for_each(|p| *p /= total);
+        // Normalized in f64, as a draw normalizes its weights: the review reads p(x) as given,
+        // and an f32 total drops a peaked row's long tail (its sum came out 1 + 1e-4).
+        let scale = 1.0 / vecmath::sum_f64(&probs);
+        probs
+            .iter_mut()
+            .for_each(|p| *p = (f64::from(*p) * scale) as f32);
         Dist::Dense(probs)
     }
 }
@@ -213,19 +217,20 @@ fn at_or_above(values: &[f32], enough: impl Fn(usize, f64) -> bool) -> Vec<usize
 /// (with a margin for the order of the additions) are ranked first; all the tokens only if
 /// their running sum falls short.
 fn apply_top_p(probs: &mut [f32], top_p: f32) {
-    let target = top_p * vecmath::sum(probs);
+    // In f64, so that a tail below f32's rounding of the running sum still adds up.
+    let target = f64::from(top_p) * vecmath::sum_f64(probs);
     let nonzero = probs.iter().filter(|&&p| p > 0.0).count();
     if nonzero == 0 {
         return;
     }
     let cut = |idx: &[usize]| {
-        let mut cum = 0f32;
+        let mut cum = 0f64;
         idx.iter().position(|&i| {
-            cum += probs[i];
+            cum += f64::from(probs[i]);
             cum >= target
         })
     };
-    let mut idx = at_or_above(probs, |_, mass| mass >= 1.001 * f64::from(target));
+    let mut idx = at_or_above(probs, |_, mass| mass >= 1.001 * target);
     idx.sort_unstable_by(ranked(probs));
     let kept = match cut(&idx) {
         Some(n) => n + 1,
@@ -301,7 +306,12 @@ impl Dist {
                 v[*t as usize] = 1.0;
                 v
             }
-            Dist::Dense(p) => p.clone(),
+            Dist::Dense(p) => {
+                // A drafter's narrower vocabulary: the ids beyond it have probability 0.
+                let mut v = p.clone();
+                v.resize(vocab.max(p.len()), 0.0);
+                v
+            }
             Dist::Sparse(s) => {
                 let mut v = vec![0f32; vocab];
                 s.iter().for_each(|&(t, p)| v[t as usize] += p);
@@ -335,6 +345,30 @@ pub fn sample_weights(weights: &[f32], rng: &mut impl rand::Rng) -> u32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A peaked distribution over a large vocabulary sums to 1 to within f32's rounding of
+    /// each probability: the review reads p(x) as given while a draw normalizes, and an f32
+    /// total of the row lost the tail of the lane holding the peak (e^-17 each, below half an
+    /// ulp of 1), so p summed to 1 + 8e-4.
+    #[test]
+    fn a_peaked_distribution_over_a_large_vocabulary_sums_to_one() {
+        for temperature in [0.7, 1.0] {
+            let mut logits = vec![0f32; 151_936];
+            logits[7] = 17.0 * temperature;
+            let s = Sampling {
+                temperature,
+                top_k: 0,
+                top_p: 1.0,
+            };
+            let total: f64 = s
+                .distribution(&logits)
+                .to_dense(0)
+                .iter()
+                .map(|&p| f64::from(p))
+                .sum();
+            assert!((total - 1.0).abs() < 1e-6, "T = {temperature}: {total}");
+        }
+    }
 
     #[test]
     fn argmax_is_the_first_value_no_later_one_exceeds() {
@@ -500,12 +534,12 @@ mod tests {
     fn ranking_a_grid_prefix_keeps_what_ranking_everything_keeps() {
         use rand::{Rng as _, SeedableRng};
         fn by_ranking_all(probs: &[f32], top_p: f32) -> Vec<f32> {
-            let target = top_p * vecmath::sum(probs);
+            let target = f64::from(top_p) * vecmath::sum_f64(probs);
             let mut order: Vec<usize> = (0..probs.len()).filter(|&i| probs[i] > 0.0).collect();
             order.sort_by(ranked(probs));
-            let mut cum = 0f32;
+            let mut cum = 0f64;
             let cut = order.iter().position(|&i| {
-                cum += probs[i];
+                cum += f64::from(probs[i]);
                 cum >= target
             });
             let mut kept = vec![0.0; probs.len()];
