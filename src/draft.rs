@@ -288,6 +288,12 @@ impl<'a> Request<'a> {
         self.used += n;
     }
 
+    /// Whether the reviewer's vocabulary has `token`: a copied id may lie beyond a reviewer
+    /// whose vocabulary is the beginning of the target's.
+    pub fn fits(&self, token: u32) -> bool {
+        (token as usize) < self.vocab
+    }
+
     /// Marks this request as declined by the gate: for a cascade that, asked again where its
     /// draft ends, would be declined again there (one of its parts was).
     pub fn set_declined(&mut self) {

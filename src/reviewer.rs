@@ -84,6 +84,13 @@ impl Reviewer {
         }
     }
 
+    /// The same reviewer inside a cascade, reading the target's text with
+    /// [`SyncedModel::standing_in`]: its vocabulary may be the beginning of the target's.
+    pub fn in_cascade(mut self) -> Self {
+        self.model = self.model.standing_in();
+        self
+    }
+
     /// The generation's cancel flag ([`crate::engine::GenerateOptions::cancel`]): reading a
     /// prompt stops between chunks once it is set, and so do the drafters asked below.
     pub fn set_cancel(&mut self, cancel: Option<Arc<AtomicBool>>) {

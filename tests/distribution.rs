@@ -301,7 +301,8 @@ fn a_trimmed_draft_vocabulary_keeps_the_target_distribution() {
 /// A drafter model of a narrower vocabulary, the beginning of the target's (as the Qwen2.5
 /// 0.5B's 151,936 ids are of the 7B's 152,064), reports distributions over its own ids: the
 /// review reads the ids it lacks as never drafted, and the output keeps the target's
-/// distribution.
+/// distribution. The drafter reads the id it lacks, which the target samples, as its last
+/// (a toy model, as a real one, refuses ids beyond its vocabulary).
 #[test]
 fn a_drafter_of_a_narrower_vocabulary_keeps_the_target_distribution() {
     never_drafting_the_last_id_keeps_the_distribution("narrower vocabulary", || {

@@ -311,7 +311,7 @@ impl Drafter for MaxGramDrafter {
                 // Confidence grows with the match (each copied token extends it by one if the
                 // ones before it hold) and with the continuation's share.
                 let matched = (len + i) as f32;
-                if !request.admit(Some(share * matched / (matched + 1.0))) {
+                if !request.fits(t) || !request.admit(Some(share * matched / (matched + 1.0))) {
                     break;
                 }
                 draft.push(t, Dist::Point(t));
@@ -429,6 +429,24 @@ mod tests {
         d.start(&ctx).unwrap();
         assert_eq!(propose(&mut d, &ctx, 8).tokens(), [3, 9, 4, 5, 1, 2, 3, 9]);
         assert_eq!(propose_ending(&mut d, &ctx, 8, &[end]).tokens(), [3, 9]);
+    }
+
+    /// A copy stops before an id the reviewer's vocabulary lacks (a narrower reviewer inside
+    /// a cascade, under a target whose vocabulary extends it).
+    #[test]
+    fn a_copy_stops_before_an_id_beyond_the_reviewers_vocabulary() {
+        use crate::sampling::{Rng, Sampling};
+        use rand::SeedableRng;
+        let ctx = [1, 2, 3, 9, 4, 5, 1, 2];
+        let policy = MaxGramPolicy {
+            length_per_match: 0.0,
+            ..MaxGramPolicy::default()
+        };
+        let mut d = MaxGramDrafter::new("mag", policy, None);
+        d.start(&ctx).unwrap();
+        let mut rng = Rng::seed_from_u64(0);
+        let draft = crate::draft::try_propose(&mut d, &ctx, 8, 9, &Sampling::greedy(), &mut rng);
+        assert_eq!(draft.unwrap().tokens(), [3]);
     }
 
     #[test]

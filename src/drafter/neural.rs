@@ -29,7 +29,7 @@ impl NeuralDrafter {
     pub fn new(name: impl Into<String>, model: Box<dyn Model>) -> Self {
         Self {
             name: name.into(),
-            model: SyncedModel::new(model),
+            model: SyncedModel::new(model).standing_in(),
             cost: None,
             vocabulary: None,
             read_prompt: false,

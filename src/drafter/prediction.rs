@@ -80,7 +80,7 @@ impl Drafter for PredictionDrafter {
             .enumerate()
         {
             let matched = (m.len + i) as f32;
-            if !request.admit(Some(share * matched / (matched + 1.0))) {
+            if !request.fits(t) || !request.admit(Some(share * matched / (matched + 1.0))) {
                 break;
             }
             draft.push(t, Dist::Point(t));

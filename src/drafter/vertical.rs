@@ -47,7 +47,7 @@ impl VerticalCascade {
     ) -> Self {
         Self {
             name: name.into(),
-            reviewer: Reviewer::new(reviewer, lenience),
+            reviewer: Reviewer::new(reviewer, lenience).in_cascade(),
             inner,
             inner_k: inner_k.max(1),
             report_reviewer: false,

@@ -20,6 +20,10 @@ pub struct SyncedModel {
     stable: usize,
     /// Forward passes over drafts (catch-up prefills not counted).
     pub calls: usize,
+    /// Whether ids beyond the model's vocabulary are fed as its last id ([`standing_in`]).
+    ///
+    /// [`standing_in`]: SyncedModel::standing_in
+    stand_in: bool,
 }
 
 impl SyncedModel {
@@ -30,6 +34,25 @@ impl SyncedModel {
             fed: Vec::new(),
             stable: 0,
             calls: 0,
+            stand_in: false,
+        }
+    }
+
+    /// The same model, reading an id beyond its vocabulary as its last id instead of failing:
+    /// for a drafter or a cascade's reviewer whose vocabulary is the beginning of the target's
+    /// (a padding id the target sampled, or a prompt spelt it), where the last id is an unused
+    /// one too. What a drafter reads only shapes its guesses; the cache keeps the ids as given.
+    pub fn standing_in(mut self) -> Self {
+        self.stand_in = true;
+        self
+    }
+
+    /// `tokens` as the model reads them.
+    fn readable<'t>(&self, tokens: &'t [u32]) -> std::borrow::Cow<'t, [u32]> {
+        let last = self.model.vocab_size().saturating_sub(1) as u32;
+        match self.stand_in && tokens.iter().any(|&t| t > last) {
+            true => tokens.iter().map(|&t| t.min(last)).collect(),
+            false => tokens.into(),
         }
     }
 
@@ -95,7 +118,7 @@ impl SyncedModel {
             if !progress(done, missing.len()) {
                 return Ok(());
             }
-            self.model.prefill(chunk)?;
+            self.model.prefill(&self.readable(chunk))?;
             self.fed.extend_from_slice(chunk);
             done += chunk.len();
         }
@@ -127,7 +150,7 @@ impl SyncedModel {
         let mut feed = Vec::with_capacity(context.len() - from + draft.len());
         feed.extend_from_slice(&context[from..]);
         feed.extend_from_slice(draft);
-        let logits = self.model.forward(&feed)?;
+        let logits = self.model.forward(&self.readable(&feed))?;
         let vocab = self.model.vocab_size();
         if logits.vocab() != vocab || logits.values().len() != feed.len() * vocab {
             // A plug-in model's mistake: an error here, not an index out of bounds later.
@@ -257,6 +280,19 @@ mod tests {
         fn max_len(&self) -> usize {
             1 << 20
         }
+    }
+
+    /// Standing in, an id beyond the vocabulary is read as the last id (here [`NAN_TOKEN`], whose
+    /// row would hold a NaN, as 1); without, as given. The cache keeps the given ids.
+    #[test]
+    fn standing_in_reads_ids_beyond_the_vocabulary_as_the_last() {
+        let (plain, _) = echo();
+        let mut m = plain.standing_in();
+        let logits = m.score(&[0, NAN_TOKEN, 1], &[NAN_TOKEN]).unwrap();
+        assert!(logits.values().iter().all(|v| v.is_finite()));
+        assert_eq!(m.cached(&[0, NAN_TOKEN, 1, 0]), 3);
+        let (mut plain, _) = echo();
+        assert!(plain.score(&[0, 1], &[NAN_TOKEN]).is_err());
     }
 
     fn echo() -> (SyncedModel, Arc<AtomicUsize>) {

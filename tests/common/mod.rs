@@ -81,6 +81,13 @@ impl Model for ToyModel {
                 context: self.max_len,
             });
         }
+        // As a real model: no id beyond the vocabulary.
+        if let Some(&t) = tokens.iter().find(|&&t| t as usize >= self.vocab) {
+            return Err(cascade::Error::Tokenizer(format!(
+                "token id {t} is outside the vocabulary of `toy` ({} tokens)",
+                self.vocab
+            )));
+        }
         self.calls += 1;
         let mut data = Vec::new();
         for &t in tokens {
