@@ -115,14 +115,15 @@ impl BigramTable {
     pub fn check_tokenizer(&self, tokenizer: &Tokenizer, path: &Path) -> Result<()> {
         // Or its first ids: a larger model of the family pads its vocabulary further.
         let n = self.vocab_size();
-        if n > tokenizer.vocab_size() || self.fingerprint != tokenizer.fingerprint_of_first(n) {
+        let model = tokenizer.fingerprint_of_first(n.min(tokenizer.vocab_size()));
+        if n > tokenizer.vocab_size() || self.fingerprint != model {
             return Err(bad_table(
                 path,
                 format!(
-                    "built for another tokenizer (fingerprint {:016x}, the model's is {:016x}); \
-                     rebuild it with `cascade ngram build`",
+                    "built for another tokenizer (fingerprint {:016x} of {n} ids, the model's \
+                     {model:016x} of {}); rebuild it with `cascade ngram build`",
                     self.fingerprint,
-                    tokenizer.fingerprint()
+                    n.min(tokenizer.vocab_size())
                 ),
             ));
         }

@@ -297,8 +297,8 @@ fn an_unknown_pre_tokenizer_asks_for_tokenizer_json() {
         load_with(Some("jais")),
         format!(
             "{start}its pre-tokenizer `jais` (`tokenizer.ggml.pre`) is not one cascade builds \
-             (qwen2, deepseek-r1-qwen, llama-bpe, llama3, smaug-bpe, gpt-2, smollm, starcoder, \
-             refact); give the model's tokenizer.json (`tokenizer = ...` in the config)"
+             (qwen2, deepseek-r1-qwen, llama-bpe, llama3, smaug-bpe, gpt-2, gpt2, smollm, \
+             starcoder, refact); give the model's tokenizer.json (`tokenizer = ...` in the config)"
         )
     );
     assert_eq!(
@@ -346,7 +346,9 @@ fn unsupported_architecture_is_named_before_the_tokenizer_loads() {
     assert_eq!(
         load_error(&path),
         format!(
-            "tokenizer: cannot load {}: unsupported tokenizer model `none`",
+            "tokenizer: cannot load {}: unsupported tokenizer model `none` (cascade builds \
+             `gpt2`, and `llama` for Gemma); give the model's tokenizer.json (`tokenizer = ...` \
+             in the config)",
             path.display()
         )
     );
@@ -431,8 +433,8 @@ fn an_unsupported_quantization_is_named() {
     }
 }
 
-/// Linear RoPE scaling is read from `rope.scaling.factor`, or from the older
-/// `rope.scale_linear` where no scaling type is given (as llama.cpp reads both).
+/// RoPE scaling is linear unless a type says otherwise, by `rope.scaling.factor`, else by the
+/// older `rope.scale_linear` (as llama.cpp reads them).
 #[test]
 fn linear_rope_scaling_is_read_under_either_key() {
     use candle_core::quantized::gguf_file::Value;
@@ -446,13 +448,20 @@ fn linear_rope_scaling_is_read_under_either_key() {
         }
         Config::from_gguf(&gguf).unwrap().rope_scale
     };
-    assert_eq!(scale(&[]), 1.0);
-    assert_eq!(scale(&[("rope.scale_linear", Value::F32(4.0))]), 0.25);
-    let linear = ("rope.scaling.type", Value::String("linear".into()));
-    assert_eq!(
-        scale(&[linear, ("rope.scaling.factor", Value::F32(2.0))]),
-        0.5
+    let (linear, none) = (
+        ("rope.scaling.type", Value::String("linear".into())),
+        ("rope.scaling.type", Value::String("none".into())),
     );
+    let (factor, old) = (
+        ("rope.scaling.factor", Value::F32(2.0)),
+        ("rope.scale_linear", Value::F32(4.0)),
+    );
+    assert_eq!(scale(&[]), 1.0);
+    assert_eq!(scale(std::slice::from_ref(&old)), 0.25);
+    assert_eq!(scale(std::slice::from_ref(&factor)), 0.5);
+    assert_eq!(scale(&[linear.clone(), factor.clone(), old.clone()]), 0.5);
+    assert_eq!(scale(&[linear, old]), 0.25);
+    assert_eq!(scale(&[none, factor]), 1.0);
 }
 
 /// A RoPE scaling type that is not a string is an error, not read as no scaling.
@@ -562,7 +571,11 @@ fn a_drafter_may_have_the_beginning_of_the_targets_vocabulary() {
         &with(GEMMA3, narrow),
         "d",
     );
-    assert!(e.is_err());
+    assert_eq!(
+        e.unwrap_err().to_string(),
+        "drafters.d: its model scores 262144 ids, more than the 49152 of `target`: a drafter's \
+         logits may be no wider than its reviewer's"
+    );
     // Another token at a shared id: t0..t3, then `x`.
     let words = (0..4u32)
         .map(|i| (format!("t{i}"), i))
@@ -575,8 +588,16 @@ fn a_drafter_may_have_the_beginning_of_the_targets_vocabulary() {
     let other =
         cascade::tokenizer::Tokenizer::from_parts(tokenizers::Tokenizer::new(model), vec![]);
     assert_eq!(other.vocab_size(), 5);
-    let e = check_vocab(&target, "target", &with(SMOLLM2, other), "d");
-    assert!(e.is_err());
+    let e = check_vocab(&target, "target", &with(SMOLLM2, other.clone()), "d");
+    // The target's fingerprint of the ids compared, the drafter's five.
+    let want = format!(
+        "vocabulary mismatch: drafter `d` (5 tokens, fingerprint {:016x}) cannot draft for \
+         `target` (6 tokens, fingerprint {:016x}); a drafter must use the target's tokenizer (or \
+         its first ids)",
+        other.fingerprint(),
+        wide.fingerprint_of_first(5)
+    );
+    assert_eq!(e.unwrap_err().to_string(), want);
 }
 
 #[test]

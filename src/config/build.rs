@@ -42,7 +42,7 @@ impl Plan {
         let target = b.model(&self.target)?;
         let drafter = match &self.drafter {
             None => None,
-            Some(node) => Some(b.drafter(node, &target)?),
+            Some(node) => Some(b.drafter(node, &target, (&target, "target"))?),
         };
         let name = file_label(&self.target.path);
         let engine = Engine::new(
@@ -161,12 +161,14 @@ impl Builder<'_> {
         Ok(cost.into_iter().next().expect("one model asked"))
     }
 
-    fn table(&mut self, path: &Path, target: &LoadedModel) -> Result<Arc<BigramTable>> {
-        if let Some(t) = self.tables.get(path) {
-            return Ok(t.clone());
-        }
-        let table = Arc::new(BigramTable::load(path)?);
-        table.check_tokenizer(&target.tokenizer, path)?;
+    /// The table in `path`, loaded once and checked against `model`'s tokenizer wherever it
+    /// is used (models' vocabularies may differ: each is the beginning of the target's).
+    fn table(&mut self, path: &Path, model: &LoadedModel) -> Result<Arc<BigramTable>> {
+        let table = match self.tables.get(path) {
+            Some(t) => t.clone(),
+            None => Arc::new(BigramTable::load(path)?),
+        };
+        table.check_tokenizer(&model.tokenizer, path)?;
         self.tables.insert(path.to_path_buf(), table.clone());
         Ok(table)
     }
@@ -182,8 +184,15 @@ impl Builder<'_> {
         trimmed_tokens(v, model, &table, name)
     }
 
-    /// The drafter for `node` over `target` (whose vocabulary every model must share).
-    fn drafter(&mut self, node: &DrafterNode, target: &LoadedModel) -> Result<Box<dyn Drafter>> {
+    /// The drafter for `node` under `over` (a model and its name: the target, or a vertical
+    /// cascade's reviewer), whose vocabulary or its beginning every model and table under it
+    /// must use.
+    fn drafter(
+        &mut self,
+        node: &DrafterNode,
+        target: &LoadedModel,
+        over: (&LoadedModel, &str),
+    ) -> Result<Box<dyn Drafter>> {
         let name = node.name.as_str();
         Ok(match &node.kind {
             DrafterPlan::Model {
@@ -191,7 +200,7 @@ impl Builder<'_> {
                 vocabulary,
             } => {
                 let model = self.model(m)?;
-                check_vocab(target, "target", &model, name)?;
+                check_vocab(over.0, over.1, &model, name)?;
                 let instance = model.instance(&file_label(&m.path), self.context);
                 let mut drafter = NeuralDrafter::new(name, Box::new(instance));
                 let tokens = match vocabulary {
@@ -212,7 +221,7 @@ impl Builder<'_> {
             }
             DrafterPlan::Bigram { table, sample } => Box::new(BigramDrafter::new(
                 name,
-                self.table(table, target)?,
+                self.table(table, over.0)?,
                 *sample,
             )),
             DrafterPlan::MaxGram {
@@ -222,7 +231,7 @@ impl Builder<'_> {
             } => {
                 let table = table
                     .as_deref()
-                    .map(|t| self.table(t, target))
+                    .map(|t| self.table(t, over.0))
                     .transpose()?;
                 let drafter = MaxGramDrafter::new(name, *policy, table);
                 Box::new(match history {
@@ -256,8 +265,8 @@ impl Builder<'_> {
                 adaptive,
             } => {
                 let model = self.model(reviewer)?;
-                check_vocab(target, "target", &model, name)?;
-                let inner = self.drafter(inner, target)?;
+                check_vocab(over.0, over.1, &model, name)?;
+                let inner = self.drafter(inner, target, (&model, name))?;
                 let instance = model.instance(&file_label(&reviewer.path), self.context);
                 let cascade = VerticalCascade::new(name, Box::new(instance), inner, *k, *lenience);
                 Box::new(match (adaptive, self.adaptive) {
@@ -269,7 +278,7 @@ impl Builder<'_> {
             DrafterPlan::Adaptive { parts } => {
                 let parts = parts
                     .iter()
-                    .map(|n| self.drafter(n, target))
+                    .map(|n| self.drafter(n, target, over))
                     .collect::<Result<Vec<_>>>()?;
                 Box::new(AdaptiveCascade::new(name, parts))
             }
@@ -290,7 +299,7 @@ impl Builder<'_> {
             DrafterPlan::Horizontal { parts } => {
                 let parts = parts
                     .iter()
-                    .map(|(n, tokens)| Ok((self.drafter(n, target)?, *tokens)))
+                    .map(|(n, tokens)| Ok((self.drafter(n, target, over)?, *tokens)))
                     .collect::<Result<Vec<_>>>()?;
                 Box::new(HorizontalCascade::new(name, parts))
             }
@@ -349,18 +358,27 @@ pub fn check_vocab(
     drafter_name: &str,
 ) -> Result<()> {
     let (t, d) = (&target.tokenizer, &drafter.tokenizer);
-    if d.vocab_size() > t.vocab_size()
-        || t.fingerprint_of_first(d.vocab_size()) != d.fingerprint()
-        || drafter.weights.vocab_size() > target.weights.vocab_size()
-    {
+    // The target's fingerprint over the ids compared (all of them if the drafter has more).
+    let target_fp = t.fingerprint_of_first(d.vocab_size().min(t.vocab_size()));
+    if d.vocab_size() > t.vocab_size() || target_fp != d.fingerprint() {
         return Err(Error::VocabMismatch {
             target: target_name.into(),
             drafter: drafter_name.into(),
             target_vocab: t.vocab_size(),
             drafter_vocab: d.vocab_size(),
-            target_fp: t.fingerprint(),
+            target_fp,
             drafter_fp: d.fingerprint(),
         });
+    }
+    let (tw, dw) = (target.weights.vocab_size(), drafter.weights.vocab_size());
+    if dw > tw {
+        return Err(Error::config(
+            format!("drafters.{drafter_name}"),
+            format!(
+                "its model scores {dw} ids, more than the {tw} of `{target_name}`: a drafter's \
+                 logits may be no wider than its reviewer's"
+            ),
+        ));
     }
     Ok(())
 }

@@ -125,7 +125,11 @@ impl Drafter for NeuralDrafter {
     fn start(&mut self, prompt: &[u32]) -> Result<()> {
         self.model.reset();
         if let Some(base) = &self.vocabulary {
-            let mut tokens: Vec<u32> = base.iter().chain(prompt).copied().collect();
+            // (A prompt may spell ids a narrower vocabulary than the target's lacks.)
+            let vocab = self.model.model().vocab_size();
+            let mut tokens: Vec<u32> = (base.iter().chain(prompt).copied())
+                .filter(|&t| (t as usize) < vocab)
+                .collect();
             tokens.sort_unstable();
             tokens.dedup();
             self.model.model_mut().restrict_vocabulary(Some(&tokens))?;

@@ -190,6 +190,8 @@ impl LoadedModel {
         kernels: Kernels,
         progress: &mut dyn FnMut(usize, usize),
     ) -> Result<Self> {
+        // Weights are packed only for kernels that can multiply them here.
+        kernels.runnable()?;
         // The hyperparameters first: an unsupported or inconsistent file fails before the
         // tokenizer or any weights are read.
         let config = transformer::Config::from_gguf(&file)?;

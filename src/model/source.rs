@@ -67,7 +67,7 @@ impl<'de> Deserialize<'de> for ModelSource {
 impl ModelSource {
     /// The local file for this source. Relative paths are taken from `base`. Hub files are
     /// looked up in the hf-hub cache (`cache_dir`, else `HF_HOME`'s) first; they are downloaded
-    /// only when missing and `HF_HUB_OFFLINE` is not set.
+    /// only when missing and `HF_HUB_OFFLINE` is not set to `1`, `true`, `yes` or `on`.
     pub fn resolve(&self, base: &Path, cache_dir: Option<&Path>) -> Result<PathBuf> {
         // Spelt as Hugging Face's own tools accept it.
         let offline = std::env::var("HF_HUB_OFFLINE").is_ok_and(|v| {

@@ -208,19 +208,19 @@ impl Config {
                 (true, 62) => 1.0 / ((hidden / heads) as f32).sqrt(),
                 _ => 1.0 / (head_dim as f32).sqrt(),
             },
-            // Absent means none; present, it must be a string.
+            // As llama.cpp reads it: linear unless a type says otherwise, by
+            // `rope.scaling.factor`, else by the older `rope.scale_linear`, else none.
             rope_scale: match f
                 .get(&key("rope.scaling.type"))
                 .map(|_| f.string(&key("rope.scaling.type")))
                 .transpose()?
                 .as_deref()
             {
-                // Older files give a linear factor under its own key.
-                None if f.get(&key("rope.scale_linear")).is_some() => {
-                    1.0 / positive("rope.scale_linear", 1.0)?
-                }
-                None | Some("none") => 1.0,
-                Some("linear") => 1.0 / positive("rope.scaling.factor", 1.0)?,
+                Some("none") => 1.0,
+                None | Some("linear") => match f.get(&key("rope.scaling.factor")) {
+                    Some(_) => 1.0 / positive("rope.scaling.factor", 1.0)?,
+                    None => 1.0 / positive("rope.scale_linear", 1.0)?,
+                },
                 Some(other) => {
                     return Err(bad(format!(
                         "RoPE scaling `{other}` is not supported (only `linear`)"

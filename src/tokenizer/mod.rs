@@ -231,7 +231,7 @@ enum Split {
 
 /// The llama.cpp names [`split`] knows, for the error that lists them.
 const KNOWN_SPLITS: &str =
-    "qwen2, deepseek-r1-qwen, llama-bpe, llama3, smaug-bpe, gpt-2, smollm, starcoder, refact";
+    "qwen2, deepseek-r1-qwen, llama-bpe, llama3, smaug-bpe, gpt-2, gpt2, smollm, starcoder, refact";
 
 fn split(pre: &str) -> Option<Split> {
     Some(match pre {
@@ -250,6 +250,13 @@ fn byte_level_bpe(gguf: &GgufFile<'_>) -> Result<tokenizers::Tokenizer> {
     const KEY: &str = "tokenizer.ggml.pre";
     let fail =
         |why: String| Error::Tokenizer(format!("cannot load {}: {why}", gguf.path.display()));
+    let kind = gguf.string("tokenizer.ggml.model").unwrap_or_default();
+    if kind != "gpt2" {
+        return Err(fail(format!(
+            "unsupported tokenizer model `{kind}` (cascade builds `gpt2`, and `llama` for \
+             Gemma); give the model's tokenizer.json (`tokenizer = ...` in the config)"
+        )));
+    }
     let pre = gguf.string(KEY).map_err(|_| {
         fail(format!(
             "it names no pre-tokenizer (`{KEY}`), so how it splits text is unknown; give the \

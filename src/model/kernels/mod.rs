@@ -100,9 +100,8 @@ impl Kernels {
 
     /// The family named by `setting` (a `CASCADE_KERNELS` value), or the best this CPU runs.
     pub fn from_setting(setting: Option<&str>) -> Result<Kernels> {
-        let supported = Self::supported();
         let Some(name) = setting.map(str::trim).filter(|s| !s.is_empty()) else {
-            return Ok(supported[0]);
+            return Ok(Self::supported()[0]);
         };
         let names = |ks: &[Kernels]| ks.iter().map(|k| k.name()).collect::<Vec<_>>().join(", ");
         let Some(k) = Self::ALL.into_iter().find(|k| k.name() == name) else {
@@ -114,16 +113,23 @@ impl Kernels {
                 ),
             ));
         };
-        if !k.runs_here() {
-            return Err(Error::config(
-                KERNELS_ENV,
-                format!(
-                    "this CPU cannot run the {name} kernels (it runs: {})",
-                    names(&supported)
-                ),
-            ));
+        k.runnable()
+    }
+
+    /// This family, if this CPU runs it; else an error naming those it runs.
+    pub fn runnable(self) -> Result<Kernels> {
+        if self.runs_here() {
+            return Ok(self);
         }
-        Ok(k)
+        let runs: Vec<_> = Self::supported().iter().map(|k| k.name()).collect();
+        Err(Error::config(
+            KERNELS_ENV,
+            format!(
+                "this CPU cannot run the {} kernels (it runs: {})",
+                self.name(),
+                runs.join(", ")
+            ),
+        ))
     }
 }
 
@@ -199,16 +205,12 @@ impl Packed {
     ///
     /// Panics if `kernels` is [`Kernels::Portable`], which multiplies candle's blocks as they
     /// are.
-    /// Panics too if this CPU does not run `kernels`: the blocks would be packed for
-    /// products that cannot run.
+    /// Packing is plain data, so any family's layout can be built (and tested) anywhere;
+    /// [`Packed::matmul`] runs only where the family does.
     pub fn new(source: Source, cols: usize, kernels: Kernels) -> Self {
         assert!(
             kernels != Kernels::Portable,
             "the portable path does not repack"
-        );
-        assert!(
-            kernels.runs_here(),
-            "the {kernels:?} kernels do not run on this CPU"
         );
         // Q6_K, whose scales are per 16 values, takes AVX-512's layout under its kernels;
         // everything else AVX2's.
@@ -287,9 +289,9 @@ impl Packed {
     ///
     /// Panics if the slices are shorter than the shape says.
     pub fn matmul(&self, mkn: (usize, usize, usize), lhs: &[f32], dst: &mut [f32]) {
-        // Only x86-64 packs (`Packed::new` needs a family that runs here).
+        // Only x86-64 runs a packing family (`Kernels::runs_here`).
         #[cfg(not(target_arch = "x86_64"))]
-        unreachable!("packed weights on a CPU without the kernels");
+        panic!("the {:?} kernels do not run on this CPU", self.kernels);
         #[cfg(target_arch = "x86_64")]
         // SAFETY: `Packed::new` only packs for a fast family, in the layout of the family that
         // multiplies the format; that family runs on this CPU (checked here; an AVX-512 CPU

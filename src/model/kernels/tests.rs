@@ -67,7 +67,7 @@ const Q4_1: Pack<BlockQ4_1> = |b| Source::Q4_1(b);
 const Q5_1: Pack<BlockQ5_1> = |b| Source::Q5_1(b);
 
 /// Every packing (AVX-512's and AVX2's differ for Q5_0 and Q5_K), whether or not this CPU runs
-/// it.
+/// it (packing is plain data).
 const PACKINGS: [Kernels; 2] = [Kernels::Avx512, Kernels::Avx2];
 
 fn dequantizes_like_candle<T: GgmlType>(pack: Pack<T>, cols: usize) {
@@ -764,8 +764,6 @@ fn every_output_is_written_whatever_the_passes() {
     assert_eq!(pass_rows(PASS_BYTES / 40), 2 * MAX_ROWS);
 }
 
-/// A task's chunks of weight rows (several, as candle's pool hands them out) meet every tile
-/// of the pass: every output of the task's columns is written, and no other.
 /// A pass beyond what the output holds panics before anything is written.
 #[test]
 #[should_panic(expected = "a pass to row 37 of 117 columns in an output of 4200 values")]
@@ -778,6 +776,8 @@ fn each_tile_checks_its_output_bound() {
     unsafe { each_tile(3..37, n, 0..8, out, &f) };
 }
 
+/// A task's chunks of weight rows (several, as candle's pool hands them out) meet every tile
+/// of the pass: every output of the task's columns is written, and no other.
 #[test]
 fn each_tile_writes_its_columns_and_no_other() {
     let (m, n) = (40, 7 * CHUNK + 5);
