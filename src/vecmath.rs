@@ -199,38 +199,34 @@ fast_path! {
 }
 
 fast_path! {
-    /// The sum of `xs` in f64 (eight running sums, as [`sum`]): for totals that must be exact
-    /// to far below f32's rounding, where one large value would swallow a long tail of small
-    /// ones in f32.
-    pub fn sum_f64(xs: &[f32]) -> f64 {
-        let mut acc = [0f64; 8];
-        let chunks = xs.chunks_exact(8);
-        let rest = chunks.remainder();
-        for c in chunks {
-            for l in 0..8 {
-                acc[l] += f64::from(c[l]);
-            }
-        }
-        let total = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
-        rest.iter().fold(total, |t, &x| t + f64::from(x))
+    /// The sum of `xs` in a fixed order ([`tree_sum`]).
+    pub fn sum(xs: &[f32]) -> f32 {
+        tree_sum(xs)
     }
 }
 
 fast_path! {
-    /// The sum of `xs` in a fixed order: eight running sums over the whole chunks, added in a
-    /// fixed tree, then the rest in order.
-    pub fn sum(xs: &[f32]) -> f32 {
-        let mut acc = [0f32; 8];
-        let chunks = xs.chunks_exact(8);
-        let rest = chunks.remainder();
-        for c in chunks {
-            for l in 0..8 {
-                acc[l] += c[l];
-            }
-        }
-        let total = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
-        rest.iter().fold(total, |t, &x| t + x)
+    /// The sum of `xs` in f64, in [`sum`]'s order: for totals that must be exact to far below
+    /// f32's rounding, where one large value would swallow a long tail of small ones in f32.
+    pub fn sum_f64(xs: &[f32]) -> f64 {
+        tree_sum(xs)
     }
+}
+
+/// The sum of `xs` in `A`: eight running sums over the whole chunks, added in a fixed tree,
+/// then the rest in order.
+#[inline(always)]
+fn tree_sum<A: Copy + Default + std::ops::Add<Output = A> + From<f32>>(xs: &[f32]) -> A {
+    let mut acc = [A::default(); 8];
+    let chunks = xs.chunks_exact(8);
+    let rest = chunks.remainder();
+    for c in chunks {
+        for l in 0..8 {
+            acc[l] = acc[l] + A::from(c[l]);
+        }
+    }
+    let total = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+    rest.iter().fold(total, |t, &x| t + A::from(x))
 }
 
 #[cfg(test)]
