@@ -69,12 +69,7 @@ impl ModelSource {
     /// looked up in the hf-hub cache (`cache_dir`, else `HF_HOME`'s) first; they are downloaded
     /// only when missing and `HF_HUB_OFFLINE` is not set to `1`, `true`, `yes` or `on`.
     pub fn resolve(&self, base: &Path, cache_dir: Option<&Path>) -> Result<PathBuf> {
-        // Spelt as Hugging Face's own tools accept it.
-        let offline = std::env::var("HF_HUB_OFFLINE").is_ok_and(|v| {
-            ["1", "true", "yes", "on"]
-                .iter()
-                .any(|t| v.trim().eq_ignore_ascii_case(t))
-        });
+        let offline = is_true(std::env::var("HF_HUB_OFFLINE").ok().as_deref());
         self.resolve_with(base, cache_dir, offline)
     }
 
@@ -159,6 +154,15 @@ impl std::fmt::Display for ModelSource {
     }
 }
 
+/// Whether an environment flag is set, spelt as Hugging Face's own tools accept it.
+fn is_true(value: Option<&str>) -> bool {
+    value.is_some_and(|v| {
+        ["1", "true", "yes", "on"]
+            .iter()
+            .any(|t| v.trim().eq_ignore_ascii_case(t))
+    })
+}
+
 /// Whether `revision` is a commit hash (40 hex digits) rather than a branch or tag.
 fn is_commit(revision: &str) -> bool {
     revision.len() == 40 && revision.bytes().all(|b| b.is_ascii_hexdigit())
@@ -191,6 +195,23 @@ mod tests {
                 .unwrap();
         let got = src.resolve(Path::new("."), Some(tmp.path())).unwrap();
         assert_eq!(got, expected);
+    }
+
+    #[test]
+    fn hf_hub_offline_takes_hugging_faces_spellings() {
+        for on in ["1", "true", "TRUE", "Yes", "on", " 1 "] {
+            assert!(is_true(Some(on)), "{on:?}");
+        }
+        for off in [
+            None,
+            Some(""),
+            Some("0"),
+            Some("false"),
+            Some("no"),
+            Some("off"),
+        ] {
+            assert!(!is_true(off), "{off:?}");
+        }
     }
 
     /// A snapshot fetched by its commit hash, with no ref naming it, is found offline.
