@@ -62,19 +62,21 @@ pub enum Error {
     #[error(
         "vocabulary mismatch: drafter `{drafter}` ({drafter_vocab} tokens, fingerprint {drafter_fp:016x}) \
          cannot draft for `{target}` ({target_vocab} tokens, fingerprint {target_fp:016x}); \
-         a drafter must use the target's tokenizer (or its first ids)"
+         a drafter must use its reviewer's tokenizer (or its first ids)"
     )]
-    /// A drafter (model, reviewer or table) whose vocabulary is not the target's.
+    /// A drafter (model, reviewer or table) whose vocabulary is not its reviewer's: the
+    /// target's, or that of the vertical cascade's reviewer it drafts for (named `target`
+    /// here too).
     VocabMismatch {
-        /// The target's name.
+        /// The reviewer's name.
         target: String,
         /// The drafter's name.
         drafter: String,
-        /// The target's vocabulary size.
+        /// The reviewer's vocabulary size.
         target_vocab: usize,
         /// The drafter's vocabulary size.
         drafter_vocab: usize,
-        /// The target's vocabulary fingerprint.
+        /// The reviewer's vocabulary fingerprint (of as many ids as the drafter has).
         target_fp: u64,
         /// The drafter's vocabulary fingerprint.
         drafter_fp: u64,

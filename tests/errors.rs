@@ -413,6 +413,29 @@ fn a_tensor_the_transformer_does_not_use_is_refused() {
     );
 }
 
+/// Weights are packed only for a kernel family this CPU runs: loading for another is refused
+/// before the file is read, naming the families it runs. (Every family is refused this way on
+/// a CPU without it: AVX-VNNI on AMD Zen 4, AVX-512 on an AVX2 laptop.)
+#[test]
+fn loading_for_kernels_this_cpu_cannot_run_is_refused() {
+    use cascade::model::Kernels;
+    let path = models_dir().join(SMOLLM2);
+    let runs: Vec<_> = Kernels::supported().iter().map(|k| k.name()).collect();
+    for k in Kernels::ALL {
+        let loaded = LoadedModel::load_with(&path, None, k, &mut |_, _| {});
+        match k.runs_here() {
+            true => assert!(loaded.is_ok(), "{k}: {}", loaded.err().unwrap()),
+            false => assert_eq!(
+                loaded.err().unwrap().to_string(),
+                format!(
+                    "CASCADE_KERNELS: this CPU cannot run the {k} kernels (it runs: {})",
+                    runs.join(", ")
+                )
+            ),
+        }
+    }
+}
+
 #[test]
 fn an_unsupported_quantization_is_named() {
     for (id, name) in [(23u32, "IQ4_XS"), (30, "BF16"), (15, "Q8_K")] {
@@ -539,7 +562,7 @@ fn vocabulary_mismatch_is_refused_at_load_time() {
     assert!(
         e.starts_with("vocabulary mismatch: drafter `smol` (49152 tokens, fingerprint ")
             && e.contains("cannot draft for `target` (151936 tokens, fingerprint ")
-            && e.ends_with("a drafter must use the target's tokenizer (or its first ids)"),
+            && e.ends_with("a drafter must use its reviewer's tokenizer (or its first ids)"),
         "{e}"
     );
 }
@@ -592,7 +615,7 @@ fn a_drafter_may_have_the_beginning_of_the_targets_vocabulary() {
     // The target's fingerprint of the ids compared, the drafter's five.
     let want = format!(
         "vocabulary mismatch: drafter `d` (5 tokens, fingerprint {:016x}) cannot draft for \
-         `target` (6 tokens, fingerprint {:016x}); a drafter must use the target's tokenizer (or \
+         `target` (6 tokens, fingerprint {:016x}); a drafter must use its reviewer's tokenizer (or \
          its first ids)",
         other.fingerprint(),
         wide.fingerprint_of_first(5)
@@ -978,6 +1001,26 @@ fn a_reviewer_with_another_vocabulary_is_refused() {
     let e = plan.build(&mut |_, _, _| {}).err().unwrap().to_string();
     assert!(
         e.starts_with("vocabulary mismatch: drafter `top` (49152 tokens"),
+        "{e}"
+    );
+}
+
+/// A model under a vertical cascade drafts for the cascade's reviewer, and its vocabulary is
+/// checked against the reviewer's (here both refuse it; the message names which was asked).
+#[test]
+fn a_model_under_a_vertical_cascade_is_checked_against_its_reviewer() {
+    let _s = serial();
+    let toml = format!(
+        "{TARGET_ONLY}drafter = \"top\"\n[drafters.top]\nkind = \"vertical\"\nreviewer = \"{DRAFT}\"\ndraft = \"inner\"\n[drafters.inner]\nkind = \"model\"\nmodel = \"{SMOLLM2}\"\n"
+    );
+    let plan = RawConfig::parse(&toml, "t")
+        .unwrap()
+        .validate(&models_dir())
+        .unwrap();
+    let e = plan.build(&mut |_, _, _| {}).err().unwrap().to_string();
+    assert!(
+        e.starts_with("vocabulary mismatch: drafter `inner` (49152 tokens")
+            && e.contains("cannot draft for `top` (151936 tokens"),
         "{e}"
     );
 }

@@ -166,10 +166,13 @@ impl Builder<'_> {
     fn table(&mut self, path: &Path, model: &LoadedModel) -> Result<Arc<BigramTable>> {
         let table = match self.tables.get(path) {
             Some(t) => t.clone(),
-            None => Arc::new(BigramTable::load(path)?),
+            None => {
+                let t = Arc::new(BigramTable::load(path)?);
+                self.tables.insert(path.to_path_buf(), t.clone());
+                t
+            }
         };
         table.check_tokenizer(&model.tokenizer, path)?;
-        self.tables.insert(path.to_path_buf(), table.clone());
         Ok(table)
     }
 
@@ -347,10 +350,11 @@ pub fn trimmed_tokens(
     Ok(tokens.into())
 }
 
-/// A drafter must speak the target's vocabulary: its tokens are the target's at the same ids,
-/// and its logits no wider than the target's. It may have fewer: the larger models of a family
-/// pad theirs further (Qwen2.5 7B to 32B have 152,064 ids, the 0.5B to 3B 151,936), and a
-/// drafter never proposes the ids it lacks, which the target's review still samples.
+/// A drafter must speak its reviewer's vocabulary (`target`: the target's, or a vertical
+/// cascade's reviewer's): its tokens are the reviewer's at the same ids, and its logits no
+/// wider than the reviewer's. It may have fewer: the larger models of a family pad theirs
+/// further (Qwen2.5 7B to 32B have 152,064 ids, the 0.5B to 3B 151,936), and a drafter never
+/// proposes the ids it lacks, which the review still samples.
 pub fn check_vocab(
     target: &LoadedModel,
     target_name: &str,
