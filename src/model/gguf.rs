@@ -218,7 +218,7 @@ struct HeaderReader<'r, R> {
     inner: &'r mut R,
     pos: u64,
     size: u64,
-    /// Bytes of memory the metadata's values may still take.
+    /// Bytes of memory the metadata's values and the tensor infos may still take.
     memory_left: u64,
 }
 
@@ -414,7 +414,10 @@ fn read_header<R: Read>(r: &mut HeaderReader<'_, R>) -> Result<(Content, Layout)
     };
     // A tensor info takes at least 24 bytes (name length, dims count, type, offset),
     // a key-value pair at least 13 (key length, type, one byte).
+    let at = r.pos;
     let tensor_count = r.count("tensor count", 24)?;
+    // A tensor's name, shape and offset take about four values' memory.
+    r.charge("tensor count", at, tensor_count, 4)?;
     let at = r.pos;
     let kv_count = r.count("metadata count", 13)?;
     r.charge("metadata count", at, kv_count, 2)?; // a key with its slot, a value
@@ -579,5 +582,38 @@ mod tests {
                  than the memory a file of {size} bytes may take (its size and 64 MiB)"
             )
         );
+    }
+
+    /// Tensor infos draw on the same budget: 24 bytes of file each, about 128 in memory.
+    #[test]
+    fn many_tensor_infos_are_bounded_by_their_memory() {
+        let header = |tensors: u64| {
+            let mut b = Vec::new();
+            b.extend(MAGIC.to_le_bytes());
+            b.extend(3u32.to_le_bytes());
+            b.extend(tensors.to_le_bytes());
+            b.extend(0u64.to_le_bytes()); // metadata
+            b.resize(b.len() + 24 * tensors as usize, 0);
+            b
+        };
+        let n = 1u64 << 20;
+        let e = GgufFile::from_reader(Path::new("m.gguf"), Cursor::new(header(n)))
+            .err()
+            .unwrap()
+            .to_string();
+        assert_eq!(
+            e,
+            format!(
+                "cannot read GGUF file m.gguf: tensor count at byte 8 is {n}, more than the \
+                 memory a file of {} bytes may take (its size and 64 MiB)",
+                header(n).len()
+            )
+        );
+        // Fewer get as far as reading the first (empty) tensor name.
+        let e = GgufFile::from_reader(Path::new("m.gguf"), Cursor::new(header(1000)))
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(!e.contains("memory"), "{e}");
     }
 }
