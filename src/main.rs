@@ -39,7 +39,11 @@ enum Command {
 }
 
 fn main() {
-    let result = match Cli::parse().command {
+    let command = Cli::parse().command;
+    if !matches!(command, Command::Serve(_)) {
+        end_quietly_on_a_closed_pipe();
+    }
+    let result = match command {
         Command::Generate(args) => cli::generate::generate(args),
         Command::Bench(args) => cli::bench::bench_command(args).map(drop),
         Command::Plan(args) => cli::bench::plan(args),
@@ -50,11 +54,19 @@ fn main() {
         } => cli::ngram::ngram_build(args),
     };
     if let Err(e) = result {
-        // Output piped into a reader that stopped reading (`| head`): nothing left to say.
-        if e.is::<cli::generate::StdoutClosed>() {
-            std::process::exit(0);
-        }
         eprintln!("cascade: {e:#}");
         std::process::exit(1);
+    }
+}
+
+/// A command whose reader stops reading (`cascade plan ... | head`, or its progress on
+/// standard error piped too) ends as Unix tools do, by SIGPIPE, quietly. Rust ignores the
+/// signal, which makes every later print a panic with a backtrace. The server keeps ignoring
+/// it: a client that hangs up is an error on its connection only.
+fn end_quietly_on_a_closed_pipe() {
+    #[cfg(unix)]
+    // SAFETY: called before any thread is started; restores the signal's default action.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
     }
 }

@@ -165,8 +165,7 @@ pub fn generate(args: GenerateArgs) -> Result<()> {
     };
     let prompt = engine.tokenizer.encode(&text)?;
     let mut samples: Vec<(u64, Generation)> = Vec::new();
-    // A failed write to standard output ends the generation; a reader that stopped reading
-    // (`| head`) ends the command quietly too.
+    // A failed write to standard output (a full disk) ends the generation.
     let stdout_failed = Arc::new(AtomicBool::new(false));
     for i in 0..args.num_samples as u64 {
         let mut opts = plan.options.clone();
@@ -255,25 +254,9 @@ pub fn generate(args: GenerateArgs) -> Result<()> {
     Ok(())
 }
 
-/// Standard output was closed by its reader (`cascade generate ... | head`): the command
-/// ends quietly, with status 0.
-#[derive(Debug)]
-pub struct StdoutClosed;
-
-impl std::fmt::Display for StdoutClosed {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("standard output was closed")
-    }
-}
-
-impl std::error::Error for StdoutClosed {}
-
-/// A failed write to standard output: [`StdoutClosed`] for a closed pipe, else the error.
+/// A failed write to standard output (a closed pipe ends the process before: SIGPIPE).
 fn stdout_error(e: std::io::Error) -> anyhow::Error {
-    match e.kind() {
-        std::io::ErrorKind::BrokenPipe => StdoutClosed.into(),
-        _ => anyhow::Error::new(e).context("cannot write to standard output"),
-    }
+    anyhow::Error::new(e).context("cannot write to standard output")
 }
 
 /// One line on a generation: tokens, speed (and the cost model's prediction), drafting.
