@@ -41,6 +41,23 @@ fn unknown_keys() {
     );
 }
 
+/// An error inside a drafter's table points at that table, not at the first drafter's.
+#[test]
+fn an_error_in_a_drafter_table_points_at_that_table() {
+    let drafters = "[drafters.a]\nkind = \"max_gram\"\n\n[drafters.b]\nkind = \"max_gram\"\n";
+    let e = config_error(&format!("{TARGET_ONLY}{drafters}foo = 3\n"));
+    assert!(
+        e.starts_with("test.toml: TOML parse error at line 6, column 1\n  |\n6 | [drafters.b]\n"),
+        "{e}"
+    );
+    assert!(e.contains("unknown field `foo`"), "{e}");
+    let e = config_error(&format!(
+        "{TARGET_ONLY}{drafters}\n[drafters.c]\nmin_match = 2\n"
+    ));
+    assert!(e.contains("9 | [drafters.c]"), "{e}");
+    assert!(e.ends_with("missing `kind`"), "{e}");
+}
+
 #[test]
 fn k_zero_or_huge() {
     assert_eq!(

@@ -186,29 +186,29 @@ pub const BUILT_IN_KINDS: [&str; 7] = [
 fn drafter_tables<'de, D: Deserializer<'de>>(
     d: D,
 ) -> std::result::Result<BTreeMap<String, RawDrafter>, D::Error> {
-    let tables = BTreeMap::<String, toml::Table>::deserialize(d)?;
-    tables
-        .into_iter()
-        .map(|(name, mut table)| {
-            let kind = match table.get("kind") {
-                Some(toml::Value::String(k)) => k.clone(),
-                Some(_) => {
-                    return Err(D::Error::custom(format!(
-                        "drafters.{name}.kind: must be a string"
-                    )))
-                }
-                None => return Err(D::Error::custom(format!("drafters.{name}: missing `kind`"))),
-            };
-            let drafter = if BUILT_IN_KINDS.contains(&kind.as_str()) {
-                RawDrafter::deserialize(toml::Value::Table(table))
-                    .map_err(|e| D::Error::custom(format!("drafters.{name}: {e}")))?
-            } else {
-                table.remove("kind");
-                RawDrafter::Plugin { kind, table }
-            };
-            Ok((name, drafter))
-        })
-        .collect()
+    let tables = BTreeMap::<String, DrafterTable>::deserialize(d)?;
+    Ok(tables.into_iter().map(|(name, t)| (name, t.0)).collect())
+}
+
+/// One `[drafters.NAME]` table, read where the TOML deserializer stands on it, so that an
+/// error in it points at this table, not at the first drafter's.
+struct DrafterTable(RawDrafter);
+
+impl<'de> Deserialize<'de> for DrafterTable {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        let mut table = toml::Table::deserialize(d)?;
+        let kind = match table.get("kind") {
+            Some(toml::Value::String(k)) => k.clone(),
+            Some(_) => return Err(D::Error::custom("`kind` must be a string")),
+            None => return Err(D::Error::custom("missing `kind`")),
+        };
+        Ok(DrafterTable(if BUILT_IN_KINDS.contains(&kind.as_str()) {
+            RawDrafter::deserialize(toml::Value::Table(table)).map_err(D::Error::custom)?
+        } else {
+            table.remove("kind");
+            RawDrafter::Plugin { kind, table }
+        }))
+    }
 }
 
 /// `[generation]`: how much to generate and when to stop.
