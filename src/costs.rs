@@ -450,11 +450,20 @@ impl CostCache {
                 ),
             )
         };
+        let not_a_cache = |e: serde_json::Error| {
+            Error::config(
+                path.display().to_string(),
+                format!(
+                    "not a cost cache ({e}); name another file (`CASCADE_COSTS`, `--cache`), or \
+                     delete it"
+                ),
+            )
+        };
         let mut cache = Self::empty(path);
         match std::fs::read_to_string(path) {
             Ok(text) => {
                 let version = serde_json::from_str::<Version>(&text)
-                    .map_err(unreadable)?
+                    .map_err(not_a_cache)?
                     .version;
                 if version == VERSION {
                     let file: CacheFile = serde_json::from_str(&text).map_err(unreadable)?;
@@ -474,6 +483,14 @@ impl CostCache {
             }
         }
         Ok(cache)
+    }
+
+    /// Whether the file at `path` is a cost cache (of any format) that [`CostCache::open`]
+    /// cannot read: calibrating may replace it, but never a file that is no cost cache at all
+    /// (a config named by mistake).
+    pub fn replaceable(path: &Path) -> bool {
+        std::fs::read_to_string(path)
+            .is_ok_and(|text| serde_json::from_str::<Version>(&text).is_ok())
     }
 
     /// If a newer build wrote the file, says so (`PATH: written by a newer cascade (cost cache
@@ -752,12 +769,21 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("costs.json");
         assert!(CostCache::open(&path).unwrap().entries.is_empty());
-        std::fs::write(&path, "{ not json").unwrap();
+        std::fs::write(&path, "[target]\nmodel = \"m.gguf\"\n").unwrap();
         let e = CostCache::open(&path).err().unwrap().to_string();
         assert!(
-            e.starts_with(&format!("{}: unreadable cost cache", path.display())),
+            e.starts_with(&format!("{}: not a cost cache (", path.display())),
             "{e}"
         );
+        assert!(!CostCache::replaceable(&path));
+        let damaged = format!(r#"{{"version": {VERSION}, "entries": {{"x": 1}}}}"#);
+        std::fs::write(&path, damaged).unwrap();
+        let e = CostCache::open(&path).err().unwrap().to_string();
+        assert!(
+            e.starts_with(&format!("{}: unreadable cost cache (", path.display())),
+            "{e}"
+        );
+        assert!(CostCache::replaceable(&path));
     }
 
     /// A file a newer build wrote (whose entries this build may not parse) is neither read nor

@@ -513,6 +513,20 @@ fn errors_are_reported_without_a_panic() {
         )
     );
     assert_eq!(std::fs::read_to_string(&newer).unwrap(), text);
+    // Nor is a file that is no cost cache (a config named by mistake).
+    let config = dir.path().join("config.toml");
+    let text = std::fs::read_to_string("configs/autoregressive.toml").unwrap();
+    std::fs::write(&config, &text).unwrap();
+    let (ok, _, err) = cascade(&[&args[..], &[config.to_str().unwrap()]].concat(), None);
+    assert!(!ok);
+    assert!(
+        err.starts_with(&format!(
+            "cascade: {}: not a cost cache (",
+            config.display()
+        )),
+        "{err}"
+    );
+    assert_eq!(std::fs::read_to_string(&config).unwrap(), text);
     // A folder as the cache is refused before measuring.
     let (ok, _, err) = cascade(&[&args[..], &[dir.path().to_str().unwrap()]].concat(), None);
     assert!(!ok);

@@ -377,11 +377,16 @@ pub fn calibrate(args: CalibrateArgs) -> Result<()> {
     }
     let trimmed = cascade::config::distinct_trimmed_vocabularies(&plans, &store)?;
     let path = args.cache.unwrap_or_else(CostCache::default_path);
-    // Everything is measured again: an unreadable cache is replaced.
-    let mut cache = CostCache::open(&path).unwrap_or_else(|e| {
-        eprintln!("cascade: warning: {e}: replacing it");
-        CostCache::empty(&path)
-    });
+    // Everything is measured again: a cache it cannot read is replaced, but not a file that
+    // is no cost cache at all.
+    let mut cache = match CostCache::open(&path) {
+        Ok(cache) => cache,
+        Err(e) if CostCache::replaceable(&path) => {
+            eprintln!("cascade: warning: {e}: replacing it");
+            CostCache::empty(&path)
+        }
+        Err(e) => return Err(e.into()),
+    };
     if let Some(newer) = cache.written_by_newer_build() {
         bail!(
             "{newer}: calibrating would replace its measurements; name another file with --cache"
