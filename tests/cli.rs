@@ -559,6 +559,18 @@ fn errors_are_reported_without_a_panic() {
             nope.display()
         )
     );
+    // A table is not written over one of its own corpus files.
+    let source = dir.path().join("source.py");
+    std::fs::write(&source, "print('hello')\n").unwrap();
+    let source = source.to_str().unwrap();
+    let args = ["ngram", "build", "--tokenizer", smol, "-o", source, source];
+    let (ok, _, err) = cascade(&args, None);
+    assert!(!ok);
+    assert_eq!(
+        err.trim(),
+        format!("cascade: --out {source} is one of the corpus files: the table would replace it")
+    );
+    assert_eq!(std::fs::read_to_string(source).unwrap(), "print('hello')\n");
     let (ok, _, err) = cascade(
         &[
             "plan",

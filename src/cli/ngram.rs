@@ -48,6 +48,18 @@ pub fn ngram_build(args: BuildArgs) -> Result<()> {
         };
         bail!("no corpus files{only} found under {:?}", args.corpus);
     }
+    // Arguments in the wrong order must not replace a source file with the table.
+    if let Ok(out) = args.out.canonicalize() {
+        if files
+            .iter()
+            .any(|f| f.canonicalize().is_ok_and(|f| f == out))
+        {
+            bail!(
+                "--out {} is one of the corpus files: the table would replace it",
+                args.out.display()
+            );
+        }
+    }
     let bytes: u64 = files
         .iter()
         .filter_map(|f| f.metadata().ok())
