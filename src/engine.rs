@@ -79,6 +79,19 @@ pub enum FinishReason {
     Cancelled,
 }
 
+impl FinishReason {
+    /// Its name, as reports and `--json` spell it.
+    pub fn name(self) -> &'static str {
+        match self {
+            FinishReason::Eos => "eos",
+            FinishReason::Length => "length",
+            FinishReason::Stop => "stop",
+            FinishReason::Context => "context",
+            FinishReason::Cancelled => "cancelled",
+        }
+    }
+}
+
 /// Counters of one generation.
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct Stats {

@@ -430,6 +430,7 @@ fn errors_are_reported_without_a_panic() {
             "--max-new-tokens must be between 1 and 16777216, got 0".into(),
         ),
         ("-k", "65", "-k must be between 1 and 64, got 65".into()),
+        ("--stop", "", "--stop: a stop string is empty".into()),
     ] {
         let args = [
             "generate",
@@ -444,6 +445,15 @@ fn errors_are_reported_without_a_panic() {
         assert!(!ok);
         assert_eq!(err.trim(), format!("cascade: {message}"));
     }
+    // An input that came out empty is not wrapped in the chat template (which the shipped
+    // configs apply) for the model to answer.
+    let args = ["generate", "-c", "configs/autoregressive.toml"];
+    let (ok, _, err) = cascade(&args, Some(" \n"));
+    assert!(!ok);
+    assert_eq!(
+        err.trim(),
+        "cascade: empty prompt: the message for the chat template is empty"
+    );
     for (flag, value, message) in [
         ("--grace", "1e20", "cascade: --grace must be at most 18446744073709551615 seconds, got 100000000000000000000"),
         ("--grace", "-1", "cascade: --grace must be a number of seconds >= 0, got -1"),

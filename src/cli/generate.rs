@@ -138,6 +138,9 @@ pub fn generate(args: GenerateArgs) -> Result<()> {
     if args.num_samples == 0 {
         bail!("--num-samples must be >= 1");
     }
+    if args.stop.iter().any(String::is_empty) {
+        bail!("--stop: a stop string is empty");
+    }
     let mut plan = load_plan(&args.config, &raw)?;
     // In the plan's options, so that --compare's plain decoding ignores it too.
     plan.options.ignore_eos = args.ignore_eos;
@@ -151,17 +154,21 @@ pub fn generate(args: GenerateArgs) -> Result<()> {
         eprintln!("cascade: warning: a system prompt is used only with the chat template (--chat)");
     }
     let prompt_text = read_prompt(&args)?;
+    // A prompt's final line break (`echo`'s, a file's) is not part of a chat message.
+    let message = prompt_text
+        .strip_suffix('\n')
+        .map_or(prompt_text.as_str(), |m| m.strip_suffix('\r').unwrap_or(m));
+    // The template would wrap an empty message into a prompt of its own, and the model answer
+    // it: an input that came out empty (a pipe that produced nothing) is an error.
+    if plan.chat && message.trim().is_empty() {
+        bail!("empty prompt: the message for the chat template is empty");
+    }
     let mut store = ModelStore::default();
     let mut engine = build(&plan, &mut store)?;
     cascade::profile_reset(); // building may have measured forward costs
-    let text = if plan.chat {
-        // A prompt's final line break (`echo`'s, a file's) is not part of the message.
-        let message = prompt_text
-            .strip_suffix('\n')
-            .map_or(prompt_text.as_str(), |m| m.strip_suffix('\r').unwrap_or(m));
-        cascade::chat::apply(&engine.tokenizer, plan.system.as_deref(), message)?
-    } else {
-        prompt_text
+    let text = match plan.chat {
+        true => cascade::chat::apply(&engine.tokenizer, plan.system.as_deref(), message)?,
+        false => prompt_text,
     };
     let prompt = engine.tokenizer.encode(&text)?;
     let mut samples: Vec<(u64, Generation)> = Vec::new();
@@ -271,9 +278,9 @@ fn summary_line(out: &Generation) -> String {
         n => format!(" ({n} of {} prompt tokens cached)", st.prompt_tokens),
     };
     format!(
-        "{} tokens ({:?}), {:.2} tokens/s{predicted}, {:.2} tokens per target call, {}/{} drafted accepted, prefill {:.2}s{cached}",
+        "{} tokens ({}), {:.2} tokens/s{predicted}, {:.2} tokens per target call, {} of {} drafted tokens accepted, prefill {:.2}s{cached}",
         st.generated_tokens,
-        out.finish_reason,
+        out.finish_reason.name(),
         st.decode_tokens_per_second(),
         st.tokens_per_call(),
         st.accepted,
