@@ -617,6 +617,23 @@ fn errors_are_reported_without_a_panic() {
         bench_error(&[other.to_str().unwrap()]),
         "cascade: other: its target differs from `max-gram`'s; bench compares configs over one target"
     );
+    // A config's mistake names the config, one of several.
+    let k0 = dir.path().join("k0.toml");
+    std::fs::write(
+        &k0,
+        format!(
+            "[target]\nmodel = {:?}\nk = 0\n",
+            smol.display().to_string()
+        ),
+    )
+    .unwrap();
+    assert_eq!(
+        bench_error(&[k0.to_str().unwrap()]),
+        format!(
+            "cascade: {}: target.k: must be between 1 and 64 (tokens drafted per target call), got 0",
+            k0.display()
+        )
+    );
     // Every config is compared with one autoregressive run: a sampled config beside a greedy
     // one would be compared with greedy decoding.
     assert_eq!(

@@ -13,10 +13,12 @@ use indicatif::{ProgressBar, ProgressStyle};
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 
-/// Validates the config at `path` (relative paths from its folder).
+/// Validates the config at `path` (relative paths from its folder); an error names the file,
+/// since bench and calibrate take several.
 pub fn load_plan(path: &Path, raw: &RawConfig) -> Result<Plan> {
     let base = path.parent().map(PathBuf::from).unwrap_or_default();
-    Ok(raw.validate(&base)?)
+    raw.validate(&base)
+        .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))
 }
 
 /// A config's label: its file name without `.toml`.

@@ -280,9 +280,16 @@ impl RawConfig {
     /// Reads and parses a config file.
     pub fn load(path: &Path) -> Result<Self> {
         let text = std::fs::read_to_string(path).map_err(|e| {
+            // The shipped configs are named from the repository's root.
+            let cwd = std::env::current_dir()
+                .ok()
+                .filter(|_| e.kind() == std::io::ErrorKind::NotFound && path.is_relative());
+            let hint = cwd.map_or(String::new(), |d| {
+                format!(" (relative to the current folder, {})", d.display())
+            });
             Error::config(
                 path.display().to_string(),
-                format!("cannot read config: {e}"),
+                format!("cannot read config: {e}{hint}"),
             )
         })?;
         Self::parse(&text, &path.display().to_string())
