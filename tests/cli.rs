@@ -740,6 +740,58 @@ fn generate_json_reports_counters_for_every_cascade_node() {
     assert_eq!(vertical["children"][0]["kind"], "max_gram");
 }
 
+/// Ctrl-C ends a bench after its current run, with the runs finished so far in the report, and
+/// with status 1, so that a script tells it from a bench that finished.
+#[test]
+fn an_interrupted_bench_keeps_its_runs_and_fails() {
+    use std::io::{BufRead, BufReader};
+    let _s = serial();
+    let out = tempfile::tempdir().unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_cascade"))
+        .args([
+            "bench",
+            "-c",
+            "configs/max-gram.toml",
+            "--per-category",
+            "1",
+        ])
+        .args([
+            "-n",
+            "6",
+            "--warmup",
+            "0",
+            "--out",
+            out.path().to_str().unwrap(),
+        ])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    // Standard error is not a terminal: a line per finished run, `[done/total] ...`.
+    let first = lines
+        .by_ref()
+        .map(Result::unwrap)
+        .find(|l| l.starts_with("[2/"));
+    assert!(first.is_some(), "the bench ended before its second run");
+    // SAFETY: a signal to the child, which has not been waited for, so its id is its own.
+    unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGINT) };
+    let rest: Vec<String> = lines.map(Result::unwrap).collect();
+    let status = child.wait().unwrap();
+    assert_eq!(status.code(), Some(1), "{rest:?}");
+    assert_eq!(
+        rest.last().map(String::as_str),
+        Some("cascade: interrupted: the report holds the runs finished before Ctrl-C")
+    );
+    let report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.path().join("report.json")).unwrap())
+            .unwrap();
+    assert_eq!(report["interrupted"], true);
+    let runs = report["runs"].as_array().unwrap().len();
+    assert!((2..2 * suite_categories()).contains(&runs), "{runs} runs");
+}
+
 #[test]
 fn a_small_bench_run_writes_a_complete_report() {
     let _s = serial();

@@ -217,7 +217,7 @@ fn truncated_gguf() {
     assert_eq!(
         e,
         format!(
-            "cannot read GGUF file {}: tensor count at byte 8 is 272, more than the 984 bytes left in the file can hold",
+            "cannot read GGUF file {}: tensor count at byte 8 is 272, more than the 984 bytes left in the file can hold: the file is cut short, or damaged",
             header.display()
         )
     );

@@ -206,8 +206,9 @@ pub fn bench_command(args: BenchArgs) -> Result<Report> {
         );
     }
     match early_end {
+        // Status 1, so that a script tells an interrupted bench from a finished one.
         Some(bench::EarlyEnd::Interrupted) => {
-            eprintln!("cascade: interrupted: the report holds the runs finished before Ctrl-C")
+            bail!("interrupted: the report holds the runs finished before Ctrl-C")
         }
         Some(bench::EarlyEnd::Failed(e)) => {
             bail!("{e} (the report holds the runs finished before it)")

@@ -255,7 +255,8 @@ impl<R: Read> HeaderReader<'_, R> {
         let n = self.u64()?;
         if n.saturating_mul(min_bytes) > self.remaining() {
             return Err(malformed(format!(
-                "{what} at byte {at} is {n}, more than the {} bytes left in the file can hold",
+                "{what} at byte {at} is {n}, more than the {} bytes left in the file can hold: \
+                 the file is cut short, or damaged",
                 self.remaining()
             )));
         }
