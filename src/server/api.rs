@@ -262,7 +262,7 @@ pub fn refuse_unsupported(body: &Value) -> Result<(), ApiError> {
         .iter()
         .find(|&&f| body.get(f).is_some_and(|v| !asks_nothing(f, v)))
     {
-        Some(field) => Err(ApiError::invalid(field, "is not supported by this server")),
+        Some(field) => Err(ApiError::invalid(field, "not supported by this server")),
         None => Ok(()),
     }
 }
@@ -679,7 +679,7 @@ mod tests {
             let body = serde_json::json!({"prompt": "x", field: value});
             assert_eq!(
                 check(body),
-                Err(format!("{field}: is not supported by this server"))
+                Err(format!("{field}: not supported by this server"))
             );
         }
     }

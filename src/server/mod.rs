@@ -218,7 +218,10 @@ pub fn serve(
         let grace = opts.grace;
         let shutdown = async move {
             stop_signal().await;
-            eprintln!("cascade: stopping: no new requests; running ones get {grace:?}");
+            eprintln!(
+                "cascade: stopping: no new requests; running ones get {} s",
+                grace.as_secs_f64()
+            );
             tokio::spawn(async move {
                 tokio::time::sleep(grace).await;
                 abort.store(true, Ordering::Relaxed);
