@@ -958,6 +958,10 @@ fn cascade_empty_schedule_and_zero_counts() {
         e,
         "drafters.top.k: must be between 1 and 64 (tokens asked of the inner drafter), got 0"
     );
+    let e = tree_error(&format!(
+        "{MAG}[drafters.top]\nkind = \"adaptive\"\ndrafters = [\"mag\", \"mag\"]\n"
+    ));
+    assert_eq!(e, "drafters.top.drafters[1]: `mag` is listed twice");
 }
 
 #[test]

@@ -644,6 +644,15 @@ impl Validator<'_> {
                         "must list at least one drafter",
                     ));
                 }
+                // Each position goes to one of the parts: a part listed twice is a slip.
+                if let Some((i, d)) =
+                    (drafters.iter().enumerate()).find(|&(i, d)| drafters[..i].contains(d))
+                {
+                    return Err(Error::config(
+                        format!("{here}.drafters[{i}]"),
+                        format!("`{d}` is listed twice"),
+                    ));
+                }
                 let parts = drafters
                     .iter()
                     .enumerate()
