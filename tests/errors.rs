@@ -1009,17 +1009,22 @@ fn k_matrix_shape() {
     assert_eq!(shape.matches("Horizontal").count(), 2, "{shape}");
 }
 
-#[test]
-fn a_reviewer_with_another_vocabulary_is_refused() {
-    let _s = serial();
-    let toml = format!(
-        "{TARGET_ONLY}drafter = \"top\"\n{MAG}[drafters.top]\nkind = \"vertical\"\nreviewer = \"{SMOLLM2}\"\ndraft = \"mag\"\n"
-    );
+/// The error of building a config whose target drafts with `top`, defined in `drafters`.
+fn build_error(drafters: &str) -> String {
+    let toml = format!("{TARGET_ONLY}drafter = \"top\"\n{drafters}");
     let plan = RawConfig::parse(&toml, "t")
         .unwrap()
         .validate(&models_dir())
         .unwrap();
-    let e = plan.build(&mut |_, _, _| {}).err().unwrap().to_string();
+    plan.build(&mut |_, _, _| {}).err().unwrap().to_string()
+}
+
+#[test]
+fn a_reviewer_with_another_vocabulary_is_refused() {
+    let _s = serial();
+    let e = build_error(&format!(
+        "{MAG}[drafters.top]\nkind = \"vertical\"\nreviewer = \"{SMOLLM2}\"\ndraft = \"mag\"\n"
+    ));
     assert!(
         e.starts_with("vocabulary mismatch: drafter `top` (49152 tokens"),
         "{e}"
@@ -1031,14 +1036,9 @@ fn a_reviewer_with_another_vocabulary_is_refused() {
 #[test]
 fn a_model_under_a_vertical_cascade_is_checked_against_its_reviewer() {
     let _s = serial();
-    let toml = format!(
-        "{TARGET_ONLY}drafter = \"top\"\n[drafters.top]\nkind = \"vertical\"\nreviewer = \"{DRAFT}\"\ndraft = \"inner\"\n[drafters.inner]\nkind = \"model\"\nmodel = \"{SMOLLM2}\"\n"
-    );
-    let plan = RawConfig::parse(&toml, "t")
-        .unwrap()
-        .validate(&models_dir())
-        .unwrap();
-    let e = plan.build(&mut |_, _, _| {}).err().unwrap().to_string();
+    let e = build_error(&format!(
+        "[drafters.top]\nkind = \"vertical\"\nreviewer = \"{DRAFT}\"\ndraft = \"inner\"\n[drafters.inner]\nkind = \"model\"\nmodel = \"{SMOLLM2}\"\n"
+    ));
     assert!(
         e.starts_with("vocabulary mismatch: drafter `inner` (49152 tokens")
             && e.contains("cannot draft for `top` (151936 tokens"),
