@@ -282,8 +282,8 @@ impl<'a> Request<'a> {
         }
     }
 
-    /// Counts `n` tokens a part admitted toward this request's cap (more than the part was
-    /// admitted fails [`Request::check`]).
+    /// Counts `n` tokens a part admitted toward this request's cap (a draft longer than the
+    /// cap, or than what was admitted and counted, fails [`Request::check`]).
     pub fn count_part(&mut self, n: usize) {
         self.used += n;
     }
@@ -300,7 +300,8 @@ impl<'a> Request<'a> {
         self.declined = true;
     }
 
-    /// Holds a drafter's answer to its contract: exactly the tokens admitted, one distribution
+    /// Holds a drafter's answer to its contract: exactly the tokens admitted, no more than
+    /// asked, one distribution
     /// per token, ids inside the reviewer's vocabulary, probabilities that sum to 1 within
     /// 1e-3. `who` names the drafter in the error. A dense distribution over fewer ids than
     /// the reviewer's (a drafter model whose vocabulary is the beginning of the target's) is
@@ -315,6 +316,13 @@ impl<'a> Request<'a> {
                 "returned {} tokens but {} distributions",
                 draft.tokens.len(),
                 draft.dists.len()
+            ));
+        }
+        if draft.len() > self.cap {
+            return broke(format!(
+                "returned {} tokens, more than the {} asked",
+                draft.len(),
+                self.cap
             ));
         }
         if draft.len() != self.used {
@@ -536,7 +544,9 @@ pub enum NodeKind {
     Horizontal,
     /// Parts of one draft from several drafters, each drafting while its confidence pays.
     Adaptive,
-    /// A registered plug-in, with the kind it was registered under.
+    /// A plug-in, with the kind its `stats` names (`plugin` unless it overrides
+    /// [`Drafter::stats`]). An adaptive cascade asks a part of kind [`NodeKind::Model`] one
+    /// token at a time, any other for a run.
     Plugin(String),
 }
 

@@ -232,7 +232,8 @@ impl Engine {
     }
 
     /// Replaces the target's review rule: for experiments, and for tests that show a broken
-    /// rule is caught by the distribution test.
+    /// rule is caught by the distribution test. Any rule but the exact one
+    /// ([`crate::review::review`]) gives up the output's exactness.
     pub fn with_review_rule(mut self, rule: ReviewRule) -> Self {
         self.target.set_rule(rule);
         self

@@ -60,8 +60,9 @@ pub const BUCKET_EDGES: [f32; 13] = [
 /// Buckets, the no-confidence one included.
 pub const BUCKETS: usize = BUCKET_EDGES.len() + 1;
 
+/// A confidence's bucket; a NaN one (a plug-in's 0/0) counts as none, not as the highest.
 fn bucket(confidence: Option<f32>) -> usize {
-    match confidence {
+    match confidence.filter(|c| !c.is_nan()) {
         Some(c) => BUCKET_EDGES
             .iter()
             .position(|&e| c <= e)
@@ -735,6 +736,9 @@ mod tests {
         assert_eq!(admitted(&a, &[0.99; 8]), 8);
         assert_eq!(admitted(&a, &[0.05; 8]), 0);
         assert!(admitted(&a, &[0.75; 8]) < 8);
+        // A NaN confidence is none (prior 0.5), not the highest bucket's.
+        assert_eq!(bucket(Some(f32::NAN)), bucket(None));
+        assert_eq!(admitted(&a, &[f32::NAN; 8]), admitted(&a, &[0.5; 8]));
     }
 
     /// A round cut to its first positions (the reviewer cuts a draft after a token that ends

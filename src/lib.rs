@@ -30,7 +30,9 @@
 //!
 //! let plan = RawConfig::load(Path::new("configs/speculative.toml"))?.validate(Path::new("configs"))?;
 //! let mut engine = plan.build(&mut |_, _, _| {})?;
-//! let prompt = engine.tokenizer.encode("def fib(n):")?;
+//! // In the config's chat template (it sets `chat = true`), as `cascade generate` reads it.
+//! let text = plan.prompt_text(&engine.tokenizer, "Write a Python function for Fibonacci numbers.")?;
+//! let prompt = engine.tokenizer.encode(&text)?;
 //! let out = engine.generate(&prompt, &plan.options, &mut |piece| print!("{piece}"))?;
 //! eprintln!("\n{:.2} tokens per target call", out.stats.tokens_per_call());
 //! # Ok::<(), cascade::Error>(())

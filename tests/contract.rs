@@ -1,5 +1,5 @@
 //! Drafters are held to their contract at every review level: a plug-in that proposes an
-//! out-of-vocabulary token, tokens it was not admitted, or a token its reported distribution
+//! out-of-vocabulary token, tokens it was not admitted or more than asked, or a token its reported distribution
 //! could not have drawn (or one that does not fit the vocabulary, does not sum to 1 or lists a
 //! token twice), is a clear error wherever it sits
 //! in the tree (the target's review, a vertical cascade's, a horizontal cascade's part), never
@@ -107,6 +107,38 @@ fn tokens_not_admitted_are_an_error_at_every_level() {
     ] {
         let e = generate(drafter).unwrap_err();
         assert_eq!(e.to_string(), want, "{level}");
+    }
+}
+
+/// A drafter that counts tokens it was never admitted (`Request::count_part`, meant for a
+/// cascade's parts) to return more than asked is refused, not verified past the room the
+/// engine left for it.
+#[test]
+fn a_draft_longer_than_asked_is_an_error_at_every_level() {
+    struct Greedy;
+    impl Drafter for Greedy {
+        fn name(&self) -> &str {
+            "greedy"
+        }
+        fn draft(&mut self, _: &[u32], request: &mut Request) -> cascade::Result<Draft> {
+            let n = request.remaining() + 1;
+            request.count_part(n);
+            let mut d = Draft::new();
+            (0..n).for_each(|_| d.push(1, Dist::Point(1)));
+            Ok(d)
+        }
+    }
+    for (level, drafter, asked) in [
+        ("target", Box::new(Greedy) as Box<dyn Drafter>, 4),
+        ("vertical cascade", vertical(Box::new(Greedy)), 3),
+        ("horizontal cascade", horizontal(Box::new(Greedy)), 2),
+    ] {
+        let e = generate(drafter).unwrap_err().to_string();
+        let want = format!(
+            "drafter broke its contract: `greedy` returned {} tokens, more than the {asked} asked",
+            asked + 1
+        );
+        assert_eq!(e, want, "{level}");
     }
 }
 

@@ -1171,9 +1171,34 @@ fn serve_reports_a_port_in_use_before_loading_the_models() {
     assert_eq!(stderr.trim_end().lines().count(), 1, "{stderr}");
 }
 
-/// A 2-token bench of SmolLM2 drafted by the plug-in `make` (registered as `kind`), one
-/// config per label, over `prompts` (raw code); `progress` sees each finished run and may set
-/// `stop` (Ctrl-C).
+/// A plug-in's drafter must name itself as the config names it: acceptance priors and the
+/// reports go by that name.
+#[test]
+fn a_plug_in_that_names_its_drafter_otherwise_is_refused() {
+    let _s = serial();
+    let mut registry = cascade::config::Registry::default();
+    registry.register("copy", |_| {
+        let drafter = cascade::drafter::MaxGramDrafter::new("mine", Default::default(), None);
+        Ok(Box::new(drafter))
+    });
+    let toml = format!(
+        "[target]\nmodel = \"{SMOLLM2}\"\ndrafter = \"quick\"\n[drafters.quick]\nkind = \"copy\"\n"
+    );
+    let plan = RawConfig::parse(&toml, "t")
+        .unwrap()
+        .validate_with(&models_dir(), &registry)
+        .unwrap();
+    assert_eq!(
+        plan.build(&mut |_, _, _| {}).err().unwrap().to_string(),
+        "drafters.quick: the `copy` plug-in named its drafter `mine`: `Drafter::name` must \
+         return the config's name (`PluginContext::name`), which acceptance priors and reports \
+         go by"
+    );
+}
+
+/// A 2-token bench of SmolLM2 drafted by the plug-in `make` (registered as `kind`, and named
+/// so in the config, as its drafter names itself), one config per label, over `prompts` (raw
+/// code); `progress` sees each finished run and may set `stop` (Ctrl-C).
 fn plugin_bench(
     kind: &str,
     make: impl Fn() -> Box<dyn cascade::draft::Drafter> + Send + Sync + 'static,
@@ -1189,7 +1214,7 @@ fn plugin_bench(
     let mut registry = cascade::config::Registry::default();
     registry.register(kind, move |_| Ok(make()));
     let toml = format!(
-        "[target]\nmodel = \"{SMOLLM2}\"\ndrafter = \"d\"\n[drafters.d]\nkind = \"{kind}\"\n"
+        "[target]\nmodel = \"{SMOLLM2}\"\ndrafter = \"{kind}\"\n[drafters.{kind}]\nkind = \"{kind}\"\n"
     );
     let configs: Vec<BenchConfig> = labels
         .iter()

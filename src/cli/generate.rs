@@ -166,10 +166,10 @@ pub fn generate(args: GenerateArgs) -> Result<()> {
     let mut store = ModelStore::default();
     let mut engine = build(&plan, &mut store)?;
     cascade::profile_reset(); // building may have measured forward costs
-    let text = match plan.chat {
-        true => cascade::chat::apply(&engine.tokenizer, plan.system.as_deref(), message)?,
-        false => prompt_text,
-    };
+    let text = plan.prompt_text(
+        &engine.tokenizer,
+        if plan.chat { message } else { &prompt_text },
+    )?;
     let prompt = engine.tokenizer.encode(&text)?;
     let mut samples: Vec<(u64, Generation)> = Vec::new();
     // A failed write to standard output (a full disk) ends the generation.

@@ -12,11 +12,22 @@ use crate::engine::Engine;
 use crate::error::{Error, Result};
 use crate::model::{LoadedModel, ModelStore};
 use crate::ngram::BigramTable;
+use crate::tokenizer::Tokenizer;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 impl Plan {
+    /// The text the engine is to read for `message`: a user turn in the chat template of
+    /// `tokenizer` (after the config's system message) if the config asks for it (`chat`), else
+    /// `message` as it is. `cascade generate` reads its prompt this way.
+    pub fn prompt_text(&self, tokenizer: &Tokenizer, message: &str) -> Result<String> {
+        match self.chat {
+            true => crate::chat::apply(tokenizer, self.system.as_deref(), message),
+            false => Ok(message.to_string()),
+        }
+    }
+
     /// Loads the models (each file once) and assembles the engine. `progress(what, done, total)`
     /// reports loading.
     pub fn build(&self, progress: &mut dyn FnMut(&str, usize, usize)) -> Result<Engine> {
@@ -286,18 +297,32 @@ impl Builder<'_> {
                 Box::new(AdaptiveCascade::new(name, parts))
             }
             DrafterPlan::Plugin { kind, table, base } => {
+                let reviewer = over.0;
                 let context = PluginContext {
                     name,
                     table,
                     base,
-                    tokenizer: &target.tokenizer,
-                    vocab: target.weights.vocab_size(),
-                    context: target.weights.max_len(self.context),
+                    tokenizer: &reviewer.tokenizer,
+                    vocab: reviewer.weights.vocab_size(),
+                    context: (target.weights.max_len(self.context))
+                        .min(reviewer.weights.max_len(self.context)),
                 };
-                self.registry.build(kind, &context).map_err(|e| match e {
+                let drafter = self.registry.build(kind, &context).map_err(|e| match e {
                     Error::Config { .. } => e,
                     other => Error::config(format!("drafters.{name}"), other.to_string()),
-                })?
+                })?;
+                if drafter.name() != name {
+                    return Err(Error::config(
+                        format!("drafters.{name}"),
+                        format!(
+                            "the `{kind}` plug-in named its drafter `{}`: `Drafter::name` must \
+                             return the config's name (`PluginContext::name`), which acceptance \
+                             priors and reports go by",
+                            drafter.name()
+                        ),
+                    ));
+                }
+                drafter
             }
             DrafterPlan::Horizontal { parts } => {
                 let parts = parts

@@ -33,21 +33,23 @@ pub struct Registry {
     kinds: BTreeMap<String, Arc<Constructor>>,
 }
 
-/// What a plug-in's constructor gets: its node's name and table, and the target's tokenizer,
-/// vocabulary size and context length.
+/// What a plug-in's constructor gets: its node's name and table, and the tokenizer,
+/// vocabulary size and context length of the model reviewing its drafts (the target, or the
+/// reviewer of the vertical cascade it sits under).
 pub struct PluginContext<'a> {
-    /// The drafter's name in `[drafters]`.
+    /// The drafter's name in `[drafters]`, which its [`Drafter::name`] must return: acceptance
+    /// priors and reports go by it.
     pub name: &'a str,
     /// Its table as written, `kind` removed.
     pub table: &'a toml::Table,
     /// The config's folder: relative paths in the table are from here.
     pub base: &'a Path,
-    /// The target's tokenizer (drafts must use its token ids).
+    /// The reviewer's tokenizer (drafts must use its token ids).
     pub tokenizer: &'a Tokenizer,
-    /// The target's vocabulary size.
+    /// The reviewer's vocabulary size: every drafted id is below it.
     pub vocab: usize,
-    /// The target's context length (the config's `context`, capped at the model's): the
-    /// longest sequence a draft may continue.
+    /// The context length (the config's `context`, capped at the target's and the
+    /// reviewer's): the longest sequence a draft may continue.
     pub context: usize,
 }
 

@@ -138,7 +138,7 @@ impl History {
     /// The longest suffix of `text` (up to `max_ngram` tokens) that an earlier output holds
     /// with a token after it; among its occurrences, the continuation that followed most often
     /// (ties: the most recent), copied from its most recent occurrence (counted, for a suffix
-    /// that occurs more than [`SCANNED`] times, over an evenly spaced sample of them).
+    /// that occurs more than 4,096 times, over an evenly spaced sample of them).
     pub fn best_continuation(&self, text: &[u32]) -> Option<HistoryMatch> {
         let mut best = None;
         for n in 1..=self.max_ngram.min(text.len()) {

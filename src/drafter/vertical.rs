@@ -78,7 +78,9 @@ impl VerticalCascade {
     }
 
     /// Deliberately wrong: reports the reviewer's distribution instead of the effective one.
-    /// Exists so tests can show that the distribution test catches it when `l > 1`.
+    /// Exists so tests can show that the distribution test catches it when `l > 1` (hidden
+    /// from the docs: never for use).
+    #[doc(hidden)]
     pub fn reporting_reviewer_distribution(mut self) -> Self {
         self.report_reviewer = true;
         self
