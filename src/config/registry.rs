@@ -141,6 +141,25 @@ impl PluginContext<'_> {
         }
     }
 
+    /// The finite number at `key` (an integer or a float), if present.
+    pub fn f64(&self, key: &str) -> Result<Option<f64>> {
+        match self.table.get(key) {
+            None => Ok(None),
+            Some(toml::Value::Integer(n)) => Ok(Some(*n as f64)),
+            Some(toml::Value::Float(x)) if x.is_finite() => Ok(Some(*x)),
+            Some(_) => Err(self.error(key, "must be a finite number")),
+        }
+    }
+
+    /// The boolean at `key`, if present.
+    pub fn bool(&self, key: &str) -> Result<Option<bool>> {
+        match self.table.get(key) {
+            None => Ok(None),
+            Some(toml::Value::Boolean(b)) => Ok(Some(*b)),
+            Some(_) => Err(self.error(key, "must be true or false")),
+        }
+    }
+
     /// The list of strings at `key`, if present.
     pub fn strings(&self, key: &str) -> Result<Option<Vec<String>>> {
         match self.table.get(key) {
@@ -168,5 +187,46 @@ impl PluginContext<'_> {
         } else {
             Err(self.error(key, crate::files::not_a_file(&path)))
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Each accessor reads its type, refuses another with the key's TOML path, and reads a
+    /// missing key as `None`.
+    #[test]
+    fn a_plug_ins_table_is_read_by_type() {
+        let table: toml::Table =
+            toml::from_str("n = 3\nx = 0.5\nflag = true\nname = \"a\"\nnan = nan\n").unwrap();
+        let tokenizer = crate::tokenizer::Tokenizer::from_parts(
+            tokenizers::Tokenizer::new(tokenizers::models::bpe::BPE::default()),
+            vec![],
+        );
+        let cx = PluginContext {
+            name: "p",
+            table: &table,
+            base: Path::new("."),
+            tokenizer: &tokenizer,
+            vocab: 1,
+            context: 1,
+        };
+        assert_eq!(cx.usize("n").unwrap(), Some(3));
+        assert_eq!(cx.f64("n").unwrap(), Some(3.0));
+        assert_eq!(cx.f64("x").unwrap(), Some(0.5));
+        assert_eq!(cx.bool("flag").unwrap(), Some(true));
+        assert_eq!(cx.str("name").unwrap(), Some("a"));
+        assert_eq!(cx.bool("missing").unwrap(), None);
+        let e = |r: Result<Option<f64>>| r.unwrap_err().to_string();
+        assert_eq!(e(cx.f64("nan")), "drafters.p.nan: must be a finite number");
+        assert_eq!(
+            e(cx.f64("flag")),
+            "drafters.p.flag: must be a finite number"
+        );
+        assert_eq!(
+            cx.bool("n").unwrap_err().to_string(),
+            "drafters.p.n: must be true or false"
+        );
     }
 }
