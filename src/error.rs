@@ -94,9 +94,19 @@ pub enum Error {
     },
 
     /// A drafter that proposed out-of-vocabulary tokens, other than the tokens it was
-    /// admitted, tokens its reported distributions could not draw, or failed.
+    /// admitted, or tokens its reported distributions could not draw.
     #[error("drafter broke its contract: {0}")]
     Drafter(String),
+
+    /// A plug-in drafter's own failure (a lookup service down, a file it reads damaged),
+    /// named by the drafter.
+    #[error("drafter `{drafter}` failed: {message}")]
+    DrafterFailed {
+        /// The drafter's name.
+        drafter: String,
+        /// What went wrong.
+        message: String,
+    },
 
     /// A prompt of no tokens.
     #[error("empty prompt: at least one token is needed to start generation")]

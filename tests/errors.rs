@@ -1267,7 +1267,10 @@ fn a_failing_generation_ends_a_bench_with_the_runs_before_it() {
         }
         fn start(&mut self, _: &[u32]) -> cascade::Result<()> {
             match self.0.fetch_add(1, Ordering::Relaxed) {
-                1 => Err(cascade::Error::config("fails", "cannot start")),
+                1 => Err(cascade::Error::DrafterFailed {
+                    drafter: "fails".into(),
+                    message: "cannot start".into(),
+                }),
                 _ => Ok(()),
             }
         }
@@ -1285,7 +1288,9 @@ fn a_failing_generation_ends_a_bench_with_the_runs_before_it() {
     assert_eq!(records.len(), 2);
     assert!(records.iter().all(|r| r.prompt == 0));
     match end {
-        Some(EarlyEnd::Failed(e)) => assert_eq!(e.to_string(), "fails: cannot start"),
+        Some(EarlyEnd::Failed(e)) => {
+            assert_eq!(e.to_string(), "drafter `fails` failed: cannot start")
+        }
         other => panic!("expected a failure, got {other:?}"),
     }
 }
