@@ -435,8 +435,8 @@ impl CostCache {
         }
     }
 
-    /// The cache at `path`; a missing file is an empty cache, an unreadable one an error that
-    /// names it. A file of an older format is measured again and replaced; one written by a
+    /// The cache at `path`; a missing or empty file is an empty cache, an unreadable one an
+    /// error that names it. A file of an older format is measured again and replaced; one written by a
     /// newer build is left as it is, so that going back to an older build for a while does
     /// not cost the newer one its measurements: the older build then keeps what it measures
     /// for the run only ([`CostCache::written_by_newer_build`]), unless `CASCADE_COSTS` gives
@@ -461,6 +461,8 @@ impl CostCache {
         };
         let mut cache = Self::empty(path);
         match std::fs::read_to_string(path) {
+            // Created beforehand (`mktemp`, `touch`): nothing in it yet.
+            Ok(text) if text.trim().is_empty() => {}
             Ok(text) => {
                 let version = serde_json::from_str::<Version>(&text)
                     .map_err(not_a_cache)?
@@ -768,6 +770,8 @@ mod tests {
     fn a_corrupt_cache_is_an_error_that_names_it_and_a_missing_one_is_empty() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("costs.json");
+        assert!(CostCache::open(&path).unwrap().entries.is_empty());
+        std::fs::write(&path, "").unwrap();
         assert!(CostCache::open(&path).unwrap().entries.is_empty());
         std::fs::write(&path, "[target]\nmodel = \"m.gguf\"\n").unwrap();
         let e = CostCache::open(&path).err().unwrap().to_string();

@@ -45,7 +45,7 @@ fn main() {
     }
     let result = match command {
         Command::Generate(args) => cli::generate::generate(args),
-        Command::Bench(args) => cli::bench::bench_command(args).map(drop),
+        Command::Bench(args) => cli::bench::bench(args),
         Command::Plan(args) => cli::bench::plan(args),
         Command::Calibrate(args) => cli::bench::calibrate(args),
         Command::Serve(args) => cli::serve::serve_command(args),
@@ -62,7 +62,8 @@ fn main() {
 /// A command whose reader stops reading (`cascade plan ... | head`, or its progress on
 /// standard error piped too) ends as Unix tools do, by SIGPIPE, quietly. Rust ignores the
 /// signal, which makes every later print a panic with a backtrace. The server keeps ignoring
-/// it: a client that hangs up is an error on its connection only.
+/// it: a client that hangs up is an error on its connection only; and so do model downloads
+/// (`cli::load_plan`).
 fn end_quietly_on_a_closed_pipe() {
     #[cfg(unix)]
     // SAFETY: called before any thread is started; restores the signal's default action.

@@ -581,6 +581,22 @@ fn errors_are_reported_without_a_panic() {
         format!("cascade: --out {source} is one of the corpus files: the table would replace it")
     );
     assert_eq!(std::fs::read_to_string(source).unwrap(), "print('hello')\n");
+    // A table rebuilt inside its corpus folder is left out of its corpus.
+    let folder = dir.path().to_str().unwrap();
+    let table = dir.path().join("t.bigram");
+    let args = [
+        "ngram",
+        "build",
+        "--tokenizer",
+        smol,
+        "-o",
+        table.to_str().unwrap(),
+    ];
+    for _ in 0..2 {
+        let (ok, _, err) = cascade(&[&args[..], &["--ext", "py,bigram", folder]].concat(), None);
+        assert!(ok, "{err}");
+        assert!(err.contains(": 1 files"), "{err}");
+    }
     let (ok, _, err) = cascade(
         &[
             "plan",

@@ -205,17 +205,19 @@ pub fn bench_command(args: BenchArgs) -> Result<Report> {
             report.greedy_mismatches()
         );
     }
-    match early_end {
-        // Status 1, so that a script tells an interrupted bench from a finished one.
-        Some(bench::EarlyEnd::Interrupted) => {
-            bail!("interrupted: the report holds the runs finished before Ctrl-C")
-        }
-        Some(bench::EarlyEnd::Failed(e)) => {
-            bail!("{e} (the report holds the runs finished before it)")
-        }
-        None => {}
+    if let Some(bench::EarlyEnd::Failed(e)) = early_end {
+        bail!("{e} (the report holds the runs finished before it)")
     }
     Ok(report)
+}
+
+/// `cascade bench`: an interrupted one exits with status 1, so that a script tells it from
+/// one that finished.
+pub fn bench(args: BenchArgs) -> Result<()> {
+    if bench_command(args)?.interrupted {
+        bail!("interrupted: the report holds the runs finished before Ctrl-C")
+    }
+    Ok(())
 }
 
 /// Creates `dir`, the folder a report goes to, if missing; an error names it if it cannot be
@@ -290,6 +292,9 @@ pub fn plan(args: PlanArgs) -> Result<()> {
                 },
                 out: args.out.clone(),
             })?;
+            if report.interrupted {
+                eprintln!("cascade: interrupted: planning from the runs finished before Ctrl-C");
+            }
             (report, args.out.join("report.json"))
         }
     };

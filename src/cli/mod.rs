@@ -17,8 +17,36 @@ use std::path::{Path, PathBuf};
 /// since bench and calibrate take several.
 pub fn load_plan(path: &Path, raw: &RawConfig) -> Result<Plan> {
     let base = path.parent().map(PathBuf::from).unwrap_or_default();
+    // Validating resolves hub models, which may download them.
+    let _downloading = PipeSignalIgnored::new();
     raw.validate(&base)
         .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))
+}
+
+/// While alive, SIGPIPE is ignored, as Rust starts a program: a download's TLS socket
+/// (written with `writev`, which has no `MSG_NOSIGNAL`) then sees a reset connection as an
+/// error, where the default action that `main` restores for the commands' output would end the
+/// process without a word.
+struct PipeSignalIgnored(#[cfg(unix)] libc::sighandler_t);
+
+impl PipeSignalIgnored {
+    fn new() -> Self {
+        // SAFETY: swaps the signal's action; no handler of ours runs.
+        #[cfg(unix)]
+        return Self(unsafe { libc::signal(libc::SIGPIPE, libc::SIG_IGN) });
+        #[cfg(not(unix))]
+        Self()
+    }
+}
+
+impl Drop for PipeSignalIgnored {
+    fn drop(&mut self) {
+        // SAFETY: puts back the action `new` found.
+        #[cfg(unix)]
+        unsafe {
+            libc::signal(libc::SIGPIPE, self.0);
+        }
+    }
 }
 
 /// A config's label: its file name without `.toml`.

@@ -40,25 +40,25 @@ pub fn ngram_build(args: BuildArgs) -> Result<()> {
     }
     let start = std::time::Instant::now();
     let tokenizer = cascade::tokenizer::Tokenizer::from_file(&args.tokenizer)?;
-    let files = corpus_files(&args.corpus, &args.ext, &args.exclude)?;
+    let mut files = corpus_files(&args.corpus, &args.ext, &args.exclude)?;
+    // Arguments in the wrong order must not replace a source file with the table; a table
+    // rebuilt inside its corpus folder is not part of its corpus.
+    if let Ok(out) = args.out.canonicalize() {
+        let is_out = |f: &PathBuf| f.canonicalize().is_ok_and(|f| f == out);
+        if args.corpus.iter().any(is_out) {
+            bail!(
+                "--out {} is one of the corpus files: the table would replace it",
+                args.out.display()
+            );
+        }
+        files.retain(|f| !is_out(f));
+    }
     if files.is_empty() {
         let only = match args.ext.is_empty() {
             true => String::new(),
             false => format!(" with extension {}", args.ext.join(", ")),
         };
         bail!("no corpus files{only} found under {:?}", args.corpus);
-    }
-    // Arguments in the wrong order must not replace a source file with the table.
-    if let Ok(out) = args.out.canonicalize() {
-        if files
-            .iter()
-            .any(|f| f.canonicalize().is_ok_and(|f| f == out))
-        {
-            bail!(
-                "--out {} is one of the corpus files: the table would replace it",
-                args.out.display()
-            );
-        }
     }
     let bytes: u64 = files
         .iter()
