@@ -436,63 +436,60 @@ impl CostCache {
     }
 
     /// The cache at `path`; a missing or empty file is an empty cache, an unreadable one an
-    /// error that names it. A file of an older format is measured again and replaced; one written by a
-    /// newer build is left as it is, so that going back to an older build for a while does
-    /// not cost the newer one its measurements: the older build then keeps what it measures
-    /// for the run only ([`CostCache::written_by_newer_build`]), unless `CASCADE_COSTS` gives
-    /// it a file of its own.
+    /// error that names it. A file of an older format is measured again and replaced; one
+    /// written by a newer build is left as it is, so that going back to an older build for a
+    /// while does not cost the newer one its measurements: the older build then keeps what it
+    /// measures for the run only ([`CostCache::written_by_newer_build`]), unless
+    /// `CASCADE_COSTS` gives it a file of its own.
     pub fn open(path: &Path) -> Result<Self> {
-        let unreadable = |e: serde_json::Error| {
-            Error::config(
-                path.display().to_string(),
-                format!(
-                    "unreadable cost cache ({e}); `cascade calibrate` replaces it, or delete it"
-                ),
-            )
-        };
-        let not_a_cache = |e: serde_json::Error| {
-            Error::config(
-                path.display().to_string(),
-                format!(
-                    "not a cost cache ({e}); name another file (`CASCADE_COSTS`, `--cache`), or \
-                     delete it"
-                ),
-            )
-        };
+        match Self::open_to_replace(path)? {
+            (cache, None) => Ok(cache),
+            (_, Some(damaged)) => Err(damaged),
+        }
+    }
+
+    /// [`CostCache::open`] for calibrating, which measures everything again: a cost cache of
+    /// this format whose entries cannot be read is an empty cache, with that error beside it
+    /// (a warning). Anything else that cannot be read is still an error, so that a file that
+    /// is no cost cache (a config named by mistake) is never written over.
+    pub fn open_to_replace(path: &Path) -> Result<(Self, Option<Error>)> {
+        let error = |message: String| Error::config(path.display().to_string(), message);
         let mut cache = Self::empty(path);
         match std::fs::read_to_string(path) {
             // Created beforehand (`mktemp`, `touch`): nothing in it yet.
             Ok(text) if text.trim().is_empty() => {}
             Ok(text) => {
                 let version = serde_json::from_str::<Version>(&text)
-                    .map_err(not_a_cache)?
+                    .map_err(|e| {
+                        error(format!(
+                            "not a cost cache ({e}); name another file (`CASCADE_COSTS`, \
+                             `--cache`), or delete it"
+                        ))
+                    })?
                     .version;
                 if version == VERSION {
-                    let file: CacheFile = serde_json::from_str(&text).map_err(unreadable)?;
-                    // An entry edited out of shape is measured again.
-                    cache.entries = file.entries;
-                    cache.entries.retain(|_, e| e.cost.is_well_formed());
+                    match serde_json::from_str::<CacheFile>(&text) {
+                        Ok(file) => {
+                            // An entry edited out of shape is measured again.
+                            cache.entries = file.entries;
+                            cache.entries.retain(|_, e| e.cost.is_well_formed());
+                        }
+                        Err(e) => {
+                            let damaged = error(format!(
+                                "unreadable cost cache ({e}); `cascade calibrate` replaces it, \
+                                 or delete it"
+                            ));
+                            return Ok((cache, Some(damaged)));
+                        }
+                    }
                 } else if version > VERSION {
                     cache.newer = Some(version);
                 }
             }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => {
-                return Err(Error::config(
-                    path.display().to_string(),
-                    format!("cannot read the cost cache: {e}"),
-                ))
-            }
+            Err(e) => return Err(error(format!("cannot read the cost cache: {e}"))),
         }
-        Ok(cache)
-    }
-
-    /// Whether the file at `path` is a cost cache (of any format) that [`CostCache::open`]
-    /// cannot read: calibrating may replace it, but never a file that is no cost cache at all
-    /// (a config named by mistake).
-    pub fn replaceable(path: &Path) -> bool {
-        std::fs::read_to_string(path)
-            .is_ok_and(|text| serde_json::from_str::<Version>(&text).is_ok())
+        Ok((cache, None))
     }
 
     /// If a newer build wrote the file, says so (`PATH: written by a newer cascade (cost cache
@@ -779,7 +776,7 @@ mod tests {
             e.starts_with(&format!("{}: not a cost cache (", path.display())),
             "{e}"
         );
-        assert!(!CostCache::replaceable(&path));
+        assert!(CostCache::open_to_replace(&path).is_err());
         let damaged = format!(r#"{{"version": {VERSION}, "entries": {{"x": 1}}}}"#);
         std::fs::write(&path, damaged).unwrap();
         let e = CostCache::open(&path).err().unwrap().to_string();
@@ -787,7 +784,9 @@ mod tests {
             e.starts_with(&format!("{}: unreadable cost cache (", path.display())),
             "{e}"
         );
-        assert!(CostCache::replaceable(&path));
+        let (cache, damaged) = CostCache::open_to_replace(&path).unwrap();
+        assert!(cache.entries.is_empty());
+        assert_eq!(damaged.unwrap().to_string(), e);
     }
 
     /// A file a newer build wrote (whose entries this build may not parse) is neither read nor

@@ -301,9 +301,8 @@ impl<'a> Request<'a> {
     }
 
     /// Holds a drafter's answer to its contract: exactly the tokens admitted, no more than
-    /// asked, one distribution
-    /// per token, ids inside the reviewer's vocabulary, probabilities that sum to 1 within
-    /// 1e-3. `who` names the drafter in the error. A dense distribution over fewer ids than
+    /// asked, one distribution per token, ids inside the reviewer's vocabulary, probabilities
+    /// that sum to 1 within 1e-3. `who` names the drafter in the error. A dense distribution over fewer ids than
     /// the reviewer's (a drafter model whose vocabulary is the beginning of the target's) is
     /// filled in with zeros. A distribution off by more than rounding
     /// (in f64) but within that bound is rescaled to sum to 1: sampling normalizes its

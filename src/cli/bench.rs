@@ -383,16 +383,11 @@ pub fn calibrate(args: CalibrateArgs) -> Result<()> {
     }
     let trimmed = cascade::config::distinct_trimmed_vocabularies(&plans, &store)?;
     let path = args.cache.unwrap_or_else(CostCache::default_path);
-    // Everything is measured again: a cache it cannot read is replaced, but not a file that
-    // is no cost cache at all.
-    let mut cache = match CostCache::open(&path) {
-        Ok(cache) => cache,
-        Err(e) if CostCache::replaceable(&path) => {
-            eprintln!("cascade: warning: {e}: replacing it");
-            CostCache::empty(&path)
-        }
-        Err(e) => return Err(e.into()),
-    };
+    // Everything is measured again: a cache whose entries cannot be read is replaced.
+    let (mut cache, damaged) = CostCache::open_to_replace(&path)?;
+    if let Some(e) = damaged {
+        eprintln!("cascade: warning: {e}: replacing it");
+    }
     if let Some(newer) = cache.written_by_newer_build() {
         bail!(
             "{newer}: calibrating would replace its measurements; name another file with --cache"

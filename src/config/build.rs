@@ -375,23 +375,23 @@ pub fn trimmed_tokens(
     Ok(tokens.into())
 }
 
-/// A drafter must speak its reviewer's vocabulary (`target`: the target's, or a vertical
-/// cascade's reviewer's): its tokens are the reviewer's at the same ids, and its logits no
+/// A drafter must speak its reviewer's vocabulary (the target's, or a vertical cascade's
+/// reviewer's): its tokens are the reviewer's at the same ids, and its logits no
 /// wider than the reviewer's. It may have fewer: the larger models of a family pad theirs
 /// further (Qwen2.5 7B to 32B have 152,064 ids, the 0.5B to 3B 151,936), and a drafter never
 /// proposes the ids it lacks, which the review still samples.
 pub fn check_vocab(
-    target: &LoadedModel,
-    target_name: &str,
+    reviewer: &LoadedModel,
+    reviewer_name: &str,
     drafter: &LoadedModel,
     drafter_name: &str,
 ) -> Result<()> {
-    let (t, d) = (&target.tokenizer, &drafter.tokenizer);
-    // The target's fingerprint over the ids compared (all of them if the drafter has more).
+    let (t, d) = (&reviewer.tokenizer, &drafter.tokenizer);
+    // The reviewer's fingerprint over the ids compared (all of them if the drafter has more).
     let target_fp = t.fingerprint_of_first(d.vocab_size().min(t.vocab_size()));
     if d.vocab_size() > t.vocab_size() || target_fp != d.fingerprint() {
         return Err(Error::VocabMismatch {
-            target: target_name.into(),
+            target: reviewer_name.into(),
             drafter: drafter_name.into(),
             target_vocab: t.vocab_size(),
             drafter_vocab: d.vocab_size(),
@@ -399,12 +399,12 @@ pub fn check_vocab(
             drafter_fp: d.fingerprint(),
         });
     }
-    let (tw, dw) = (target.weights.vocab_size(), drafter.weights.vocab_size());
+    let (tw, dw) = (reviewer.weights.vocab_size(), drafter.weights.vocab_size());
     if dw > tw {
         return Err(Error::config(
             format!("drafters.{drafter_name}"),
             format!(
-                "its model scores {dw} ids, more than the {tw} of `{target_name}`: a drafter's \
+                "its model scores {dw} ids, more than the {tw} of `{reviewer_name}`: a drafter's \
                  logits may be no wider than its reviewer's"
             ),
         ));
