@@ -117,7 +117,9 @@ fn main() {
         .unwrap_or(5);
     let with_prefill = std::env::var("CASCADE_BENCH_PREFILL").as_deref() != Ok("0");
     let families = families();
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("models");
+    let root = std::env::var_os("CASCADE_MODELS_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("models"));
     let custom = std::env::var("CASCADE_BENCH_MODELS");
     let models: Vec<(String, PathBuf)> = match &custom {
         Ok(list) => list

@@ -21,8 +21,9 @@ fn rss() -> f64 {
 fn main() {
     let file = std::env::var("CASCADE_MEMORY_MODEL")
         .unwrap_or_else(|_| "smollm2-135m-instruct-q4_1.gguf".into());
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("models")
+    let path = std::env::var_os("CASCADE_MODELS_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("models"))
         .join(&file);
     let model = LoadedModel::load(&path, None, &mut |_, _| {}).expect("scripts/fetch-models.sh");
     let c = model.weights.config.clone();

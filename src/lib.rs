@@ -20,9 +20,13 @@
 //! - [`engine`] and [`stream`]: the generation loop, stop conditions, counters, streamed text;
 //! - [`config`]: TOML configs, validated into a plan and built into an engine, with a registry
 //!   of plug-in drafter kinds;
-//! - [`server`]: the OpenAI-compatible HTTP server;
+//! - `server`: the OpenAI-compatible HTTP server (the `server` feature);
 //! - [`theory`], [`bench`](mod@bench), [`planner`]: the papers' formulas, the bench harness, and the
 //!   planner that picks draft lengths, schedules and K matrices from a bench report.
+//!
+//! Cargo features: `cli` (the default) builds the `cascade` command and turns on `server`. A
+//! program that only embeds the engine can leave both out (`default-features = false`), and with
+//! them clap, indicatif, axum and tokio.
 //!
 //! ```no_run
 //! use cascade::config::RawConfig;
@@ -57,6 +61,7 @@ mod profile;
 pub mod review;
 pub mod reviewer;
 pub mod sampling;
+#[cfg(feature = "server")]
 pub mod server;
 pub mod stream;
 pub mod theory;

@@ -239,6 +239,20 @@ impl BigramTable {
             .map_err(|e| bad_table(path, format!("cannot write: {e}")))
     }
 
+    /// Whether a table may be written at `path` without losing anything: no file is there, an
+    /// empty one, or a table (of any version, damaged or not: it is rebuilt).
+    pub fn replaceable(path: &Path) -> bool {
+        use std::io::Read;
+        let mut head = Vec::new();
+        match std::fs::File::open(path) {
+            Ok(f) => f
+                .take(8)
+                .read_to_end(&mut head)
+                .is_ok_and(|n| n == 0 || head == MAGIC),
+            Err(e) => e.kind() == std::io::ErrorKind::NotFound,
+        }
+    }
+
     /// Reads and checks the table at `path`.
     pub fn load(path: &Path) -> Result<Self> {
         let bytes =

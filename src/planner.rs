@@ -153,7 +153,7 @@ impl std::fmt::Display for LevelPlan {
         };
         write!(
             f,
-            "current {:?}: {:.3}; best on this machine: {best:?} ({value:.3}{verdict})",
+            "current {:?}: {:.3}; best with the report's costs: {best:?} ({value:.3}{verdict})",
             self.current, self.current_value
         )?;
         // A part moved to earlier positions keeps the rates measured where it was: a guess.

@@ -578,7 +578,19 @@ fn errors_are_reported_without_a_panic() {
     assert!(!ok);
     assert_eq!(
         err.trim(),
-        format!("cascade: --out {source} is one of the corpus files: the table would replace it")
+        format!(
+            "cascade: --out {source} is a file and no bigram table: the table would replace it"
+        )
+    );
+    // Nor over a file found in a corpus folder, or any other file that is no table.
+    let folder = dir.path().to_str().unwrap();
+    let (ok, _, err) = cascade(
+        &["ngram", "build", "--tokenizer", smol, "-o", source, folder],
+        None,
+    );
+    assert!(
+        !ok && err.contains("is a file and no bigram table"),
+        "{err}"
     );
     assert_eq!(std::fs::read_to_string(source).unwrap(), "print('hello')\n");
     // A table rebuilt inside its corpus folder is left out of its corpus.
@@ -1111,6 +1123,7 @@ fn plan_warns_where_a_k_matrix_reviewers_places_disagree() {
         d1["node"] = "km2.d1".into();
         run["levels"] = serde_json::json!([d1, kept, never]);
     }
+    report["cpu"] = "Some other CPU".into();
     let report_path = dir.path().join("report.json");
     std::fs::write(&report_path, report.to_string()).unwrap();
     let root = env!("CARGO_MANIFEST_DIR");
@@ -1143,6 +1156,13 @@ fn plan_warns_where_a_k_matrix_reviewers_places_disagree() {
         None,
     );
     assert!(ok, "{err}");
+    assert!(
+        err.contains(
+            "warning: the report was measured on another CPU (Some other CPU): its costs may \
+             not hold on this one"
+        ),
+        "{err}"
+    );
     for place in ["km2.d1.d2 reviews `mag`", "km2.d2 reviews `mag`"] {
         assert!(stdout.contains(place), "{stdout}");
     }
@@ -1216,7 +1236,7 @@ fn plan_searches_a_horizontal_schedule_and_writes_it() {
     let out = tempfile::tempdir().unwrap();
     let written = out.path().join("best.toml");
     let (stdout, doc) = plan_and_write("configs/cs-drafting.toml", 8, &written);
-    assert!(stdout.contains("best on this machine"), "{stdout}");
+    assert!(stdout.contains("best with the report's costs"), "{stdout}");
     let schedule = doc["drafters"]["cascade"]["schedule"].as_array().unwrap();
     assert!(!schedule.is_empty());
     let counts: Vec<i64> = schedule
@@ -1226,4 +1246,88 @@ fn plan_searches_a_horizontal_schedule_and_writes_it() {
     assert!(counts.iter().all(|&n| n > 0), "{counts:?}");
     assert_eq!(doc["target"]["k"].as_integer(), Some(counts.iter().sum()));
     assert!(counts.iter().sum::<i64>() <= 8);
+}
+
+/// A hub model is found where Python's `huggingface_hub` puts it: under `HF_HUB_CACHE`, else
+/// `$HF_HOME/hub`; offline, one missing from there is an error naming the cache searched.
+#[test]
+fn hub_models_are_found_where_huggingface_hub_puts_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let hub = dir.path().join("home/hub");
+    let repo = hub.join("models--Org--Small");
+    std::fs::create_dir_all(repo.join("refs")).unwrap();
+    std::fs::write(repo.join("refs/main"), "abc").unwrap();
+    std::fs::create_dir_all(repo.join("snapshots/abc")).unwrap();
+    let smol = Path::new(env!("CARGO_MANIFEST_DIR")).join("models/smollm2-135m-instruct-q4_1.gguf");
+    std::os::unix::fs::symlink(smol, repo.join("snapshots/abc/m.gguf")).unwrap();
+    let config = dir.path().join("hub.toml");
+    std::fs::write(
+        &config,
+        "[target]\nmodel = { repo = \"Org/Small\", file = \"m.gguf\" }\n",
+    )
+    .unwrap();
+    let args = [
+        "generate",
+        "-c",
+        config.to_str().unwrap(),
+        "-p",
+        "Hi",
+        "-n",
+        "2",
+    ];
+    let home = dir.path().join("home");
+    let (home, hub, nowhere) = (
+        home.to_str().unwrap(),
+        hub.to_str().unwrap(),
+        "/nonexistent",
+    );
+    for env in [
+        [("HF_HUB_CACHE", hub), ("HF_HOME", nowhere)],
+        [("HF_HUB_CACHE", ""), ("HF_HOME", home)],
+    ] {
+        let env = [&env[..], &[("HF_HUB_OFFLINE", "1")]].concat();
+        let (ok, _, err) = cascade_env(&args, None, &env);
+        assert!(ok, "{env:?}: {err}");
+    }
+    let env = [
+        ("HF_HUB_CACHE", nowhere),
+        ("HF_HOME", home),
+        ("HF_HUB_OFFLINE", "1"),
+    ];
+    let (ok, _, err) = cascade_env(&args, None, &env);
+    assert!(!ok);
+    assert_eq!(
+        err.trim(),
+        format!(
+            "cascade: {}: target.model: cannot resolve model Org/Small/m.gguf: not in \
+             the cache at /nonexistent and HF_HUB_OFFLINE is set",
+            config.display()
+        )
+    );
+}
+
+/// `-k` without a drafter says it does nothing, and `--json` reports no draft length then;
+/// with `--no-draft` it is refused.
+#[test]
+fn k_without_a_drafter_is_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("plain.toml");
+    let smol = Path::new(env!("CARGO_MANIFEST_DIR")).join("models/smollm2-135m-instruct-q4_1.gguf");
+    std::fs::write(
+        &config,
+        format!("[target]\nmodel = \"{}\"\n", smol.display()),
+    )
+    .unwrap();
+    let config = config.to_str().unwrap();
+    let args = ["generate", "-c", config, "-p", "Hi", "-n", "1", "-k", "3"];
+    let (ok, out, err) = cascade(&[&args[..], &["--json"]].concat(), None);
+    assert!(ok, "{err}");
+    assert!(
+        err.contains("cascade: warning: -k has no effect: the config names no drafter"),
+        "{err}"
+    );
+    let doc: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(doc["k"], serde_json::Value::Null);
+    let (ok, _, err) = cascade(&[&args[..], &["--no-draft"]].concat(), None);
+    assert!(!ok && err.contains("cannot be used with"), "{err}");
 }

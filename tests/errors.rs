@@ -172,7 +172,7 @@ fn missing_model_file() {
     assert_eq!(
         e,
         format!(
-            "model file not found: {}",
+            "target.model: model file not found: {}",
             models_dir().join("no-such-model.gguf").display()
         )
     );
@@ -180,7 +180,21 @@ fn missing_model_file() {
     let folder = tempfile::tempdir().unwrap();
     let at = folder.path().display();
     let e = config_error(&format!("[target]\nmodel = \"{at}\"\n"));
-    assert_eq!(e, format!("model {at} is a folder, not a file"));
+    assert_eq!(
+        e,
+        format!("target.model: model {at} is a folder, not a file")
+    );
+    // A drafter's model is named by its key too.
+    let e = config_error(&format!(
+        "{TARGET_ONLY}drafter = \"small\"\n[drafters.small]\nkind = \"model\"\nmodel = \"nope.gguf\"\n"
+    ));
+    assert_eq!(
+        e,
+        format!(
+            "drafters.small.model: model file not found: {}",
+            models_dir().join("nope.gguf").display()
+        )
+    );
     let e = config_error(&format!(
         "{TARGET_ONLY}drafter = \"mag\"\n[drafters.mag]\nkind = \"max_gram\"\ntable = \"{at}\"\n"
     ));

@@ -303,6 +303,13 @@ pub fn plan(args: PlanArgs) -> Result<()> {
     let name = label(&args.config);
     let measured = planner::Measured::new(&report, &name)?;
     println!("config {name}, planned from {}:", from.display());
+    if !report.cpu.is_empty() && report.cpu != cascade::costs::cpu_name() {
+        eprintln!(
+            "cascade: warning: the report was measured on another CPU ({}): its costs may not \
+             hold on this one",
+            report.cpu
+        );
+    }
     // An adaptive target sizes its drafts as it goes: what is planned is where its gate's
     // acceptance estimates start.
     let (levels, acceptance) = if config.adaptive {
@@ -330,7 +337,7 @@ pub fn plan(args: PlanArgs) -> Result<()> {
             .any(|l| l.rating == planner::Rating::Speedup && l.ranked[0].2 < 1.0);
         if slower {
             eprintln!(
-                "warning: even the best plan is slower than autoregressive decoding on this machine"
+                "warning: even the best plan is slower than autoregressive decoding, by the report's costs"
             );
         }
         let mut doc: toml::Value = toml::from_str(&std::fs::read_to_string(&args.config)?)?;

@@ -35,7 +35,7 @@ pub struct GenerateArgs {
     #[arg(short, long)]
     seed: Option<u64>,
     /// Tokens drafted per target call (an upper bound with adaptive drafting).
-    #[arg(short, long)]
+    #[arg(short, long, conflicts_with = "no_draft")]
     k: Option<usize>,
     /// Decode autoregressively, ignoring the config's drafter.
     #[arg(long)]
@@ -129,6 +129,9 @@ pub fn generate(args: GenerateArgs) -> Result<()> {
     g.chat = (g.chat || args.chat) && !args.no_chat;
     g.system = args.system.clone().or(g.system.take());
     raw.target.k = args.k.unwrap_or(raw.target.k);
+    if args.k.is_some() && raw.target.drafter.is_none() {
+        eprintln!("cascade: warning: -k has no effect: the config names no drafter");
+    }
     if args.no_draft {
         // Plain decoding: no drafter, and no gate whose costs would be measured for nothing.
         raw.target.drafter = None;
@@ -324,7 +327,8 @@ struct GenerateDoc<'a> {
     drafter: Option<&'a str>,
     /// The kernel family the target ran with (`avx512`, `avxvnni`, `avx2`, `portable`).
     kernels: Option<String>,
-    k: usize,
+    /// Tokens drafted per target call at most; none without a drafter.
+    k: Option<usize>,
     sampling: Sampling,
     prompt_tokens: &'a [u32],
     /// With `--compare`: the models' costs and the bench's summary for this prompt.
@@ -398,7 +402,7 @@ impl<'a> GenerateDoc<'a> {
             config,
             drafter: plan.drafter.as_ref().map(|d| d.name.as_str()),
             kernels,
-            k: plan.options.k,
+            k: plan.drafter.is_some().then_some(plan.options.k),
             sampling: plan.options.sampling,
             prompt_tokens: prompt,
             compare: comparison.map(|c| CompareDoc {

@@ -34,24 +34,23 @@ pub struct BuildArgs {
 }
 
 pub fn ngram_build(args: BuildArgs) -> Result<()> {
-    use cascade::ngram::{build_table, corpus_files};
+    use cascade::ngram::{build_table, corpus_files, BigramTable};
     if args.top == 0 {
         bail!("--top must be >= 1");
     }
     let start = std::time::Instant::now();
     let tokenizer = cascade::tokenizer::Tokenizer::from_file(&args.tokenizer)?;
     let mut files = corpus_files(&args.corpus, &args.ext, &args.exclude)?;
-    // Arguments in the wrong order must not replace a source file with the table; a table
+    // Arguments in the wrong order, or a typo, must not replace a file with the table; a table
     // rebuilt inside its corpus folder is not part of its corpus.
+    if !BigramTable::replaceable(&args.out) {
+        bail!(
+            "--out {} is a file and no bigram table: the table would replace it",
+            args.out.display()
+        );
+    }
     if let Ok(out) = args.out.canonicalize() {
-        let is_out = |f: &PathBuf| f.canonicalize().is_ok_and(|f| f == out);
-        if args.corpus.iter().any(is_out) {
-            bail!(
-                "--out {} is one of the corpus files: the table would replace it",
-                args.out.display()
-            );
-        }
-        files.retain(|f| !is_out(f));
+        files.retain(|f| f.canonicalize().is_ok_and(|f| f != out));
     }
     if files.is_empty() {
         let only = match args.ext.is_empty() {

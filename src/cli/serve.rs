@@ -17,8 +17,10 @@ pub struct ServeArgs {
     /// TOML config naming the target, the drafter and the default settings.
     #[arg(short, long, default_value = "configs/adaptive.toml")]
     config: PathBuf,
+    /// Address to listen on (0.0.0.0 for every interface: the API has no authentication).
     #[arg(long, default_value = "127.0.0.1")]
     host: String,
+    /// Port to listen on (0: any free port, printed at start).
     #[arg(long, default_value_t = 8080)]
     port: u16,
     /// Requests that may wait while one generates; more are answered 429.

@@ -301,7 +301,7 @@ impl RawConfig {
         };
         let acceptance = acceptance(t, &self.drafters, drafter.as_ref())?;
         Ok(Plan {
-            target: v.model(&t.model, &t.tokenizer, "target")?,
+            target: v.model(&t.model, "target.model", &t.tokenizer, "target.tokenizer")?,
             drafter,
             adaptive: t.adaptive,
             acceptance,
@@ -435,15 +435,21 @@ pub const MAX_DRAFTERS: usize = 256;
 pub const MAX_DEPTH: usize = 32;
 
 impl Validator<'_> {
-    fn model(&self, src: &ModelSource, tok: &Option<PathBuf>, at: &str) -> Result<ModelPlan> {
-        let path = src.resolve(self.base, None)?;
+    /// A model file named at the TOML path `at`, and its tokenizer override (at `tok_at`).
+    fn model(
+        &self,
+        src: &ModelSource,
+        at: &str,
+        tok: &Option<PathBuf>,
+        tok_at: &str,
+    ) -> Result<ModelPlan> {
+        let path = src
+            .resolve(self.base)
+            .map_err(|e| Error::config(at, e.to_string()))?;
         let tokenizer = tok.as_ref().map(|p| self.base.join(p));
         if let Some(p) = &tokenizer {
             if !p.is_file() {
-                return Err(Error::config(
-                    format!("{at}.tokenizer"),
-                    crate::files::not_a_file(p),
-                ));
+                return Err(Error::config(tok_at, crate::files::not_a_file(p)));
             }
         }
         let tokenizer = tokenizer.map(|p| std::fs::canonicalize(&p).unwrap_or(p));
@@ -529,7 +535,12 @@ impl Validator<'_> {
                     }
                 };
                 DrafterPlan::Model {
-                    model: self.model(model, tokenizer, &here)?,
+                    model: self.model(
+                        model,
+                        &format!("{here}.model"),
+                        tokenizer,
+                        &format!("{here}.tokenizer"),
+                    )?,
                     vocabulary,
                 }
             }
@@ -620,7 +631,12 @@ impl Validator<'_> {
                 )?;
                 check_lenience(&format!("{here}.lenience"), *lenience)?;
                 DrafterPlan::Vertical {
-                    reviewer: self.model(reviewer, tokenizer, &here)?,
+                    reviewer: self.model(
+                        reviewer,
+                        &format!("{here}.reviewer"),
+                        tokenizer,
+                        &format!("{here}.tokenizer"),
+                    )?,
                     inner: Box::new(self.node(draft, &format!("{here}.draft"), stack)?),
                     k: *k,
                     lenience: *lenience,
@@ -693,7 +709,7 @@ impl Validator<'_> {
                 let models = reviewers
                     .iter()
                     .enumerate()
-                    .map(|(i, r)| self.model(r, &None, &format!("{here}.reviewers[{i}]")))
+                    .map(|(i, r)| self.model(r, &format!("{here}.reviewers[{i}]"), &None, ""))
                     .collect::<Result<Vec<_>>>()?;
                 let last = self.node(last, &format!("{here}.last"), stack)?;
                 let tree = k_matrix_tree(name, &models, last, k_matrix, *last_k, *lenience)?;

@@ -19,7 +19,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 
 pub use kernels::{Kernels, KERNELS_ENV};
-pub use source::ModelSource;
+pub use source::{HubEnv, ModelSource};
 pub(crate) use synced::common_prefix;
 pub use synced::SyncedModel;
 pub use transformer::{Transformer, Weights};

@@ -64,36 +64,49 @@ impl<'de> Deserialize<'de> for ModelSource {
     }
 }
 
+/// The Hugging Face settings of the environment, read as Python's `huggingface_hub` reads
+/// them, so that a model it fetched is found and a gated one downloads with its token.
+#[derive(Clone, Debug)]
+pub struct HubEnv {
+    /// The hub cache: `HF_HUB_CACHE`, else `$HF_HOME/hub`, else `~/.cache/huggingface/hub`.
+    pub cache: PathBuf,
+    /// `HF_TOKEN`, else the token `huggingface-cli login` saved (`$HF_HOME/token`).
+    pub token: Option<String>,
+    /// `HF_ENDPOINT` (a mirror), else huggingface.co.
+    pub endpoint: Option<String>,
+    /// `HF_HUB_OFFLINE` set to `1`, `true`, `yes` or `on`: never download.
+    pub offline: bool,
+}
+
+impl HubEnv {
+    /// The settings of this process's environment.
+    pub fn from_env() -> Self {
+        let var = |name| std::env::var(name).ok().filter(|v| !v.trim().is_empty());
+        let home = hf_hub::Cache::from_env();
+        Self {
+            cache: var("HF_HUB_CACHE").map_or_else(|| home.path().clone(), PathBuf::from),
+            token: var("HF_TOKEN").or_else(|| home.token()),
+            endpoint: var("HF_ENDPOINT").map(|e| e.trim_end_matches('/').to_string()),
+            offline: is_true(var("HF_HUB_OFFLINE").as_deref()),
+        }
+    }
+}
+
 impl ModelSource {
     /// The local file for this source. Relative paths are taken from `base`. Hub files are
-    /// looked up in the hf-hub cache (`cache_dir`, else `HF_HOME`'s) first; they are downloaded
-    /// only when missing and `HF_HUB_OFFLINE` is not set to `1`, `true`, `yes` or `on`.
-    pub fn resolve(&self, base: &Path, cache_dir: Option<&Path>) -> Result<PathBuf> {
-        let offline = is_true(std::env::var("HF_HUB_OFFLINE").ok().as_deref());
-        self.resolve_with(base, cache_dir, offline)
+    /// looked up in the hub cache first, and downloaded only when missing and not offline, as
+    /// the environment says ([`HubEnv`]).
+    pub fn resolve(&self, base: &Path) -> Result<PathBuf> {
+        match self {
+            ModelSource::Path(p) => local_file(base, p),
+            ModelSource::Hub { .. } => self.resolve_with(base, &HubEnv::from_env()),
+        }
     }
 
-    /// [`ModelSource::resolve`], downloading only if not `offline`.
-    fn resolve_with(
-        &self,
-        base: &Path,
-        cache_dir: Option<&Path>,
-        offline: bool,
-    ) -> Result<PathBuf> {
+    /// [`ModelSource::resolve`] with the given hub settings.
+    pub fn resolve_with(&self, base: &Path, hub: &HubEnv) -> Result<PathBuf> {
         match self {
-            ModelSource::Path(p) => {
-                let p = if p.is_absolute() {
-                    p.clone()
-                } else {
-                    base.join(p)
-                };
-                if p.is_file() {
-                    // One file, one path: configs that name it differently share one load.
-                    Ok(std::fs::canonicalize(&p).unwrap_or(p))
-                } else {
-                    Err(Error::ModelNotFound(p))
-                }
-            }
+            ModelSource::Path(p) => local_file(base, p),
             ModelSource::Hub {
                 repo,
                 file,
@@ -104,10 +117,7 @@ impl ModelSource {
                     file: file.clone(),
                     reason,
                 };
-                let cache = match cache_dir {
-                    Some(d) => hf_hub::Cache::new(d.to_path_buf()),
-                    None => hf_hub::Cache::from_env(),
-                };
+                let cache = hf_hub::Cache::new(hub.cache.clone());
                 let hub_repo = hf_hub::Repo::with_revision(
                     repo.clone(),
                     hf_hub::RepoType::Model,
@@ -127,16 +137,19 @@ impl ModelSource {
                 if is_commit(revision) && pinned.is_file() {
                     return Ok(pinned);
                 }
-                if offline {
+                if hub.offline {
                     return Err(hub_err(format!(
                         "not in the cache at {} and HF_HUB_OFFLINE is set",
                         cache.path().display()
                     )));
                 }
-                let api = hf_hub::api::sync::ApiBuilder::from_cache(cache)
-                    .with_progress(true)
-                    .build()
-                    .map_err(|e| hub_err(e.to_string()))?;
+                let mut api = hf_hub::api::sync::ApiBuilder::from_cache(cache)
+                    .with_token(hub.token.clone())
+                    .with_progress(true);
+                if let Some(endpoint) = &hub.endpoint {
+                    api = api.with_endpoint(endpoint.clone());
+                }
+                let api = api.build().map_err(|e| hub_err(e.to_string()))?;
                 api.repo(hub_repo)
                     .get(file)
                     .map_err(|e| hub_err(format!("download failed: {e}")))
@@ -151,6 +164,17 @@ impl std::fmt::Display for ModelSource {
             ModelSource::Path(p) => write!(f, "{}", p.display()),
             ModelSource::Hub { repo, file, .. } => write!(f, "{repo}/{file}"),
         }
+    }
+}
+
+/// A local model file; a relative path is taken from `base`.
+fn local_file(base: &Path, p: &Path) -> Result<PathBuf> {
+    let p = base.join(p); // an absolute `p` replaces `base`
+    if p.is_file() {
+        // One file, one path: configs that name it differently share one load.
+        Ok(std::fs::canonicalize(&p).unwrap_or(p))
+    } else {
+        Err(Error::ModelNotFound(p))
     }
 }
 
@@ -171,6 +195,17 @@ fn is_commit(revision: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Hub settings with the cache at `cache`, as `HF_HUB_CACHE` gives them (the variables
+    /// are not set here: that would race with other tests' reads).
+    fn hub(cache: &Path, offline: bool) -> HubEnv {
+        HubEnv {
+            cache: cache.to_path_buf(),
+            token: None,
+            endpoint: None,
+            offline,
+        }
+    }
 
     /// Lays out a hub cache the way hf-hub writes it: refs/<revision> names a snapshot.
     fn fake_cache(root: &Path, repo: &str, revision: &str, file: &str) -> PathBuf {
@@ -193,7 +228,9 @@ mod tests {
                 .clone()
                 .try_into()
                 .unwrap();
-        let got = src.resolve(Path::new("."), Some(tmp.path())).unwrap();
+        let got = src
+            .resolve_with(Path::new("."), &hub(tmp.path(), false))
+            .unwrap();
         assert_eq!(got, expected);
     }
 
@@ -227,7 +264,7 @@ mod tests {
             file: "m.gguf".into(),
             revision: commit.into(),
         };
-        let got = src.resolve_with(Path::new("."), Some(tmp.path()), true);
+        let got = src.resolve_with(Path::new("."), &hub(tmp.path(), true));
         assert_eq!(got.unwrap(), snap.join("m.gguf"));
     }
 
@@ -262,9 +299,8 @@ mod tests {
             file: "x.gguf".into(),
             revision: "main".into(),
         };
-        // Offline as with HF_HUB_OFFLINE=1 (set here, it would race with other tests' reads).
         let err = src
-            .resolve_with(Path::new("."), Some(tmp.path()), true)
+            .resolve_with(Path::new("."), &hub(tmp.path(), true))
             .unwrap_err();
         assert!(
             err.to_string()
@@ -278,12 +314,9 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         std::fs::write(tmp.path().join("m.gguf"), b"x").unwrap();
         let src = ModelSource::Path("m.gguf".into());
-        assert_eq!(
-            src.resolve(tmp.path(), None).unwrap(),
-            tmp.path().join("m.gguf")
-        );
+        assert_eq!(src.resolve(tmp.path()).unwrap(), tmp.path().join("m.gguf"));
         let err = ModelSource::Path("nope.gguf".into())
-            .resolve(tmp.path(), None)
+            .resolve(tmp.path())
             .unwrap_err();
         assert_eq!(
             err.to_string(),
