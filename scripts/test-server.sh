@@ -3,7 +3,7 @@
 # throwaway virtual environment: greedy text equal to `cascade generate`'s (streamed and
 # whole), 4 concurrent clients, 429 on a full queue (clients that left holding no place), 400 on
 # malformed requests, a client that disconnects mid-stream or while queued, JSON errors for unknown endpoints, wrong methods
-# and oversized bodies, a prediction that speeds up an edit, CORS headers for the origins
+# and oversized bodies, 415 for a body not declared JSON, 403 for another host name, a prediction that speeds up an edit, CORS headers for the origins
 # `--cors` allows and no other, exit 0 on SIGTERM, and a stream cut off by the end of its grace
 # period ending with an error event.
 # Needs python3 with venv, the release build and the test models (scripts/fetch-models.sh).

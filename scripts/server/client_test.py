@@ -108,6 +108,29 @@ for path, method, body, status in [("/v1/embeddings", "POST", b"{}", 404),
     if status == 413:
         check("413 names the limit", code == 413 and "limit of 2097152 bytes" in err["error"]["message"], str(err))
 
+# A body not declared JSON (a web page's plain-text POST, which needs no CORS preflight) gets
+# 415; a request addressed to another host name (DNS rebinding) 403; a model is retrievable.
+def raw(path, body, headers):
+    req = urllib.request.Request(BASE.rsplit("/v1", 1)[0] + path, data=body, method="POST", headers=headers)
+    try:
+        return urllib.request.urlopen(req).status, None
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+ok_body = b'{"prompt": "1, 2,", "max_tokens": 1}'
+code, err = raw("/v1/completions", ok_body, {"content-type": "text/plain"})
+check("415 for a plain-text body", code == 415 and "application/json" in err["error"]["message"], str((code, err)))
+code, err = raw("/v1/completions", ok_body, {"content-type": "application/json", "host": "evil.example:8080"})
+check("403 for a request to another host name", code == 403 and "evil.example" in err["error"]["message"], str((code, err)))
+code, _ = raw("/v1/completions", ok_body, {"content-type": "application/json; charset=utf-8", "host": "localhost"})
+check("a JSON body with a charset, sent to localhost, is answered", code == 200, str(code))
+served = client.models.list().data[0].id
+check("/v1/models/{id} retrieves the served model", client.models.retrieve(served).id == served)
+try:
+    client.models.retrieve(served + "-other")
+    check("another model id is not found", False)
+except openai.NotFoundError as e:
+    check("another model id is not found", "this server serves" in str(e.body), str(e.body))
+
 # A streaming client that leaves while queued costs nothing: its long prompt is never read.
 def metric(name):
     text = urllib.request.urlopen(BASE.rsplit("/v1", 1)[0] + "/metrics").read().decode()

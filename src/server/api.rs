@@ -39,14 +39,20 @@ impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let kind = match self.status {
             StatusCode::TOO_MANY_REQUESTS => "rate_limit_exceeded",
-            StatusCode::SERVICE_UNAVAILABLE => "server_shutting_down",
             s if s.is_client_error() => "invalid_request_error",
             _ => "server_error",
         };
         let body = json!({"error": {
             "message": self.message, "type": kind, "param": self.param, "code": null,
         }});
-        (self.status, axum::Json(body)).into_response()
+        // OpenAI's clients retry a 5xx (twice, by default) unless told not to: what this
+        // server does not implement will not work the next time either; a full queue may.
+        let header = match self.status {
+            StatusCode::NOT_IMPLEMENTED => Some(("x-should-retry", "false")),
+            StatusCode::TOO_MANY_REQUESTS => Some(("retry-after", "1")),
+            _ => None,
+        };
+        (self.status, header.map(|h| [h]), axum::Json(body)).into_response()
     }
 }
 
@@ -54,9 +60,20 @@ impl IntoResponse for ApiError {
 #[derive(Deserialize)]
 #[serde(
     untagged,
-    expecting = "must be a string or an array of {\"type\": \"text\", \"text\": ...} parts (lists of prompts and token ids are not supported)"
+    expecting = "must be a string or an array of {\"type\": \"text\", \"text\": ...} parts"
 )]
 pub enum Content {
+    Text(String),
+    Parts(Vec<Part>),
+}
+
+/// A completion's prompt: [`Content`], under an error that says what is not supported.
+#[derive(Deserialize)]
+#[serde(
+    untagged,
+    expecting = "must be a string or an array of {\"type\": \"text\", \"text\": ...} parts (lists of prompts and token ids are not supported)"
+)]
+pub enum Prompt {
     Text(String),
     Parts(Vec<Part>),
 }
@@ -65,25 +82,39 @@ pub enum Content {
 pub struct Part {
     #[serde(rename = "type")]
     pub kind: String,
-    #[serde(default)]
-    pub text: String,
+    pub text: Option<String>,
+}
+
+/// The text of a string or of text parts, these joined by line breaks (as vLLM and
+/// llama.cpp's server join them).
+fn text_of(content: Result<&str, &[Part]>, at: &str) -> Result<String, ApiError> {
+    let parts = match content {
+        Ok(text) => return Ok(text.to_string()),
+        Err(parts) => parts,
+    };
+    let texts = parts
+        .iter()
+        .enumerate()
+        .map(|(i, p)| match (p.kind.as_str(), &p.text) {
+            ("text", Some(text)) => Ok(text.as_str()),
+            ("text", None) => Err(ApiError::invalid(
+                &format!("{at}[{i}].text"),
+                "a text part needs its `text`",
+            )),
+            (other, _) => Err(ApiError::invalid(
+                &format!("{at}[{i}].type"),
+                format!("only text parts are supported, got `{other}`"),
+            )),
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(texts.join("\n"))
 }
 
 impl Content {
     fn text(&self, at: &str) -> Result<String, ApiError> {
         match self {
-            Content::Text(t) => Ok(t.clone()),
-            Content::Parts(parts) => parts
-                .iter()
-                .enumerate()
-                .map(|(i, p)| match p.kind.as_str() {
-                    "text" => Ok(p.text.as_str()),
-                    other => Err(ApiError::invalid(
-                        &format!("{at}[{i}].type"),
-                        format!("only text parts are supported, got `{other}`"),
-                    )),
-                })
-                .collect(),
+            Content::Text(t) => text_of(Ok(t), at),
+            Content::Parts(parts) => text_of(Err(parts), at),
         }
     }
 }
@@ -91,7 +122,8 @@ impl Content {
 #[derive(Deserialize)]
 pub struct Message {
     pub role: String,
-    pub content: Content,
+    /// `null` in an assistant turn that only called tools, as clients replay it.
+    pub content: Option<Content>,
 }
 
 #[derive(Deserialize)]
@@ -123,7 +155,8 @@ pub struct Common {
     pub temperature: Option<f32>,
     pub top_p: Option<f32>,
     pub top_k: Option<usize>,
-    pub seed: Option<u64>,
+    /// Any 64-bit integer, as OpenAI takes it (a negative one is its two's complement).
+    pub seed: Option<i64>,
     pub stop: Option<Stop>,
     pub n: Option<usize>,
     pub stream: Option<bool>,
@@ -138,7 +171,7 @@ pub struct ChatRequest {
 
 #[derive(Deserialize)]
 pub struct CompletionRequest {
-    pub prompt: Content,
+    pub prompt: Prompt,
 }
 
 /// Reads a JSON object body.
@@ -323,10 +356,11 @@ pub const MAX_STOP_BYTES: usize = 1024;
 impl Settings {
     /// The generation options of this request: its settings where it gives them, the config's
     /// (`defaults`) elsewhere, but a seed of its own if it gives none (sampled requests
-    /// differ); at most `room` new tokens.
+    /// differ), and as OpenAI's, no token limit but the context's if it gives none: at most
+    /// `room` new tokens.
     pub fn options(&self, defaults: &GenerateOptions, room: usize) -> GenerateOptions {
         let mut opts = defaults.clone();
-        opts.max_new_tokens = self.max_tokens.unwrap_or(opts.max_new_tokens).min(room);
+        opts.max_new_tokens = self.max_tokens.unwrap_or(room).min(room);
         opts.sampling.temperature = self.temperature.unwrap_or(opts.sampling.temperature);
         opts.sampling.top_p = self.top_p.unwrap_or(opts.sampling.top_p);
         opts.sampling.top_k = self.top_k.unwrap_or(opts.sampling.top_k);
@@ -404,6 +438,13 @@ impl Common {
                 ));
             }
         }
+        let stream = self.stream.unwrap_or(false);
+        if self.stream_options.is_some() && !stream {
+            return Err(ApiError::invalid(
+                "stream_options",
+                "is read only with \"stream\": true",
+            ));
+        }
         let prediction = match &self.prediction {
             None => None,
             Some(p) if p.kind == "content" => Some(p.content.text("prediction.content")?),
@@ -419,10 +460,10 @@ impl Common {
             temperature: self.temperature,
             top_p: self.top_p,
             top_k: self.top_k,
-            seed: self.seed,
+            seed: self.seed.map(|s| s as u64),
             stop,
             n,
-            stream: self.stream.unwrap_or(false),
+            stream,
             include_usage: self
                 .stream_options
                 .as_ref()
@@ -456,10 +497,13 @@ impl ChatRequest {
                         ))
                     }
                 };
-                Ok((
-                    role.to_string(),
-                    m.content.text(&format!("messages[{i}].content"))?,
-                ))
+                let at = format!("messages[{i}].content");
+                let content = match &m.content {
+                    Some(c) => c.text(&at)?,
+                    None if role == "assistant" => String::new(),
+                    None => return Err(ApiError::invalid(&at, "is missing or null")),
+                };
+                Ok((role.to_string(), content))
             })
             .collect::<Result<Vec<_>, _>>()
             .map(|mut turns| {
@@ -473,7 +517,10 @@ impl ChatRequest {
 
 impl CompletionRequest {
     pub fn prompt(&self) -> Result<String, ApiError> {
-        self.prompt.text("prompt")
+        match &self.prompt {
+            Prompt::Text(t) => text_of(Ok(t), "prompt"),
+            Prompt::Parts(parts) => text_of(Err(parts), "prompt"),
+        }
     }
 }
 
@@ -603,6 +650,44 @@ mod tests {
         );
     }
 
+    /// Text parts are joined by line breaks; a part without its text, a `null` content but an
+    /// assistant's, and `stream_options` without streaming are refused.
+    #[test]
+    fn message_contents_read_as_clients_send_them() {
+        let turns = |body: Value| {
+            read::<ChatRequest>(&body)
+                .and_then(|(r, ..)| r.turns(None))
+                .map_err(|e| e.message)
+        };
+        let parts = serde_json::json!({"messages": [{"role": "user", "content":
+            [{"type": "text", "text": "Say"}, {"type": "text", "text": "hi"}]},
+            {"role": "assistant", "content": null}]});
+        assert_eq!(
+            turns(parts),
+            Ok(vec![
+                ("user".into(), "Say\nhi".into()),
+                ("assistant".into(), String::new())
+            ])
+        );
+        let no_text =
+            serde_json::json!({"messages": [{"role": "user", "content": [{"type": "text"}]}]});
+        assert_eq!(
+            turns(no_text),
+            Err("messages[0].content[0].text: a text part needs its `text`".into())
+        );
+        let null = serde_json::json!({"messages": [{"role": "user", "content": null}]});
+        assert_eq!(
+            turns(null),
+            Err("messages[0].content: is missing or null".into())
+        );
+        let r: Common =
+            serde_json::from_str(r#"{"stream_options": {"include_usage": true}}"#).unwrap();
+        assert_eq!(
+            r.settings().err().map(|e| e.message).as_deref(),
+            Some("stream_options: is read only with \"stream\": true")
+        );
+    }
+
     #[test]
     fn a_prompt_list_is_refused_with_what_is_accepted() {
         let body = serde_json::json!({"prompt": ["a", "b"]});
@@ -622,18 +707,30 @@ mod tests {
             ..Default::default()
         };
         defaults.sampling.temperature = 0.7;
-        let o = settings(r#"{"prompt": "x"}"#).options(&defaults, 50);
+        let o = settings(r#"{"prompt": "x"}"#).options(&defaults, 500);
         assert_eq!(o.stop, ["\n\n"]);
         assert_eq!(o.sampling.temperature, 0.7);
         // A seed of its own: two sampled requests differ.
-        let other = settings(r#"{"prompt": "x"}"#).options(&defaults, 50);
+        let other = settings(r#"{"prompt": "x"}"#).options(&defaults, 500);
         assert_ne!(o.seed, other.seed);
-        assert_eq!(o.max_new_tokens, 50); // the context's room
+        // No limit but the context's room, as OpenAI's, not the config's 100.
+        assert_eq!(o.max_new_tokens, 500);
         let body = r#"{"prompt": "x", "stop": ["END"], "temperature": 0, "max_tokens": 7}"#;
-        let o = settings(body).options(&defaults, 50);
+        let o = settings(body).options(&defaults, 500);
         assert_eq!(o.stop, ["END"]);
         assert_eq!(o.sampling.temperature, 0.0);
         assert_eq!(o.max_new_tokens, 7);
+        assert_eq!(
+            settings(r#"{"max_tokens": 900}"#)
+                .options(&defaults, 500)
+                .max_new_tokens,
+            500
+        );
+        // A negative seed, which OpenAI takes, is a seed too.
+        assert_eq!(
+            settings(r#"{"seed": -1}"#).options(&defaults, 500).seed,
+            u64::MAX
+        );
     }
 
     /// A token limit is checked as a config's `max_new_tokens` and the CLI's `-n` are, under
@@ -732,8 +829,10 @@ mod tests {
 
     #[test]
     fn nulls_mean_unset_and_an_undividable_temperature_is_the_clients_error() {
-        let s = settings(r#"{"stream": null, "stream_options": {"include_usage": null}}"#);
+        let s = settings(r#"{"stream": null, "stream_options": null}"#);
         assert!(!s.stream && !s.include_usage);
+        let s = settings(r#"{"stream": true, "stream_options": {"include_usage": null}}"#);
+        assert!(s.stream && !s.include_usage);
         let s = settings(r#"{"stream": true, "stream_options": {"include_usage": true}}"#);
         assert!(s.stream && s.include_usage);
         let long = format!(r#"{{"stop": "{}"}}"#, "x".repeat(1025));

@@ -17,7 +17,7 @@ use api::{ApiError, Endpoint, Settings};
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::State;
-use axum::http::StatusCode;
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::sse::{Event as Sse, KeepAlive};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -132,6 +132,9 @@ struct App {
     model: String,
     system: Option<String>,
     metrics: Arc<Metrics>,
+    /// Response ids are `chatcmpl-{run}-{n}`: `run` is drawn at start, so that ids differ
+    /// from one run of the server to the next.
+    run: u32,
     next_id: AtomicU64,
     /// One request is checked at a time, in the order the handlers asked (tokio's semaphore
     /// is fair), so requests reach the queue in that order and a burst of long prompts does
@@ -173,6 +176,7 @@ pub fn serve(
         model: opts.model.clone(),
         system: opts.system.clone(),
         metrics: metrics.clone(),
+        run: rand::random(),
         next_id: AtomicU64::new(1),
         checking: Arc::new(tokio::sync::Semaphore::new(1)),
         unknown: Default::default(),
@@ -187,6 +191,7 @@ pub fn serve(
         .route("/v1/chat/completions", post(chat))
         .route("/v1/completions", post(completions))
         .route("/v1/models", get(models))
+        .route("/v1/models/{id}", get(model))
         .route("/health", get(health))
         .route("/metrics", get(render_metrics))
         .fallback(|uri: axum::http::Uri| async move {
@@ -206,6 +211,10 @@ pub fn serve(
     let router = match opts.cors.layer() {
         Some(cors) => router.layer(cors),
         None => router,
+    };
+    let router = match opts.listener.local_addr()?.ip().is_loopback() {
+        true => router.layer(axum::middleware::from_fn(loopback_host)),
+        false => router,
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
@@ -270,9 +279,26 @@ async fn health(State(app): State<Arc<App>>) -> Response {
 }
 
 async fn models(State(app): State<Arc<App>>) -> Json<Value> {
-    Json(json!({"object": "list", "data": [{
-        "id": app.model, "object": "model", "created": 0, "owned_by": "cascade",
-    }]}))
+    Json(json!({"object": "list", "data": [model_object(&app)]}))
+}
+
+/// `GET /v1/models/{id}`, which clients ask to check that a model is served.
+async fn model(
+    State(app): State<Arc<App>>,
+    axum::extract::Path(id): axum::extract::Path<String>,
+) -> Response {
+    match id == app.model {
+        true => Json(model_object(&app)).into_response(),
+        false => ApiError::new(
+            StatusCode::NOT_FOUND,
+            format!("no model `{id}`: this server serves `{}`", app.model),
+        )
+        .into_response(),
+    }
+}
+
+fn model_object(app: &App) -> Value {
+    json!({"id": app.model, "object": "model", "created": 0, "owned_by": "cascade"})
 }
 
 async fn render_metrics(State(app): State<Arc<App>>) -> impl IntoResponse {
@@ -299,12 +325,80 @@ fn read(body: Body) -> std::result::Result<Value, ApiError> {
     }
 }
 
-async fn chat(State(app): State<Arc<App>>, body: Body) -> Response {
-    handle(app, Endpoint::Chat, body).await
+async fn chat(State(app): State<Arc<App>>, headers: HeaderMap, body: Body) -> Response {
+    match json_typed(&headers) {
+        Ok(()) => handle(app, Endpoint::Chat, body).await,
+        Err(e) => e.into_response(),
+    }
 }
 
-async fn completions(State(app): State<Arc<App>>, body: Body) -> Response {
-    handle(app, Endpoint::Completions, body).await
+async fn completions(State(app): State<Arc<App>>, headers: HeaderMap, body: Body) -> Response {
+    match json_typed(&headers) {
+        Ok(()) => handle(app, Endpoint::Completions, body).await,
+        Err(e) => e.into_response(),
+    }
+}
+
+/// A server bound to a loopback address answers only requests addressed to a loopback name
+/// (`Host`), as Ollama's does: a web page whose own host name its DNS turns into 127.0.0.1
+/// (DNS rebinding) would otherwise be the server's origin, and read its answers.
+async fn loopback_host(request: axum::extract::Request, next: axum::middleware::Next) -> Response {
+    let host = request
+        .headers()
+        .get(axum::http::header::HOST)
+        .map(|v| v.to_str().unwrap_or("?"));
+    match host.is_none_or(is_loopback_name) {
+        true => next.run(request).await,
+        false => ApiError::new(
+            StatusCode::FORBIDDEN,
+            format!(
+                "this server listens on a loopback address and answers requests to localhost \
+                 or a loopback address only, not to `{}`",
+                host.unwrap_or_default()
+            ),
+        )
+        .into_response(),
+    }
+}
+
+/// Whether a `Host` header names this machine's loopback: `localhost` (or a name under it),
+/// or a loopback address, with or without a port.
+fn is_loopback_name(host: &str) -> bool {
+    let name = match host.strip_prefix('[') {
+        Some(v6) => v6.split(']').next().unwrap_or(""),
+        None => host.split(':').next().unwrap_or(""),
+    }
+    .to_ascii_lowercase();
+    let name = name.strip_suffix('.').unwrap_or(&name);
+    name == "localhost"
+        || name.ends_with(".localhost")
+        || name
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
+}
+
+/// A request body must be declared JSON, as OpenAI's clients declare it: a web page's script
+/// may send any site a plain-text POST without asking first (no CORS preflight), which would
+/// otherwise start a generation.
+fn json_typed(headers: &HeaderMap) -> std::result::Result<(), ApiError> {
+    let declared = headers
+        .get(axum::http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    let essence = declared.split(';').next().unwrap_or("").trim();
+    match essence.eq_ignore_ascii_case("application/json") {
+        true => Ok(()),
+        false => Err(ApiError::new(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            match declared {
+                "" => "the body must be sent with Content-Type: application/json (none was given)"
+                    .to_string(),
+                _ => format!(
+                    "the body must be sent with Content-Type: application/json, not `{declared}`"
+                ),
+            },
+        )),
+    }
 }
 
 /// Sets the cancel flag when dropped: the handler (or its stream) went away. A job still
@@ -501,8 +595,8 @@ async fn respond(
     let id = app.next_id.fetch_add(1, Ordering::Relaxed);
     let head = Head {
         id: match endpoint {
-            Endpoint::Chat => format!("chatcmpl-{id}"),
-            Endpoint::Completions => format!("cmpl-{id}"),
+            Endpoint::Chat => format!("chatcmpl-{:08x}-{id}", app.run),
+            Endpoint::Completions => format!("cmpl-{:08x}-{id}", app.run),
         },
         created: SystemTime::now()
             .duration_since(SystemTime::UNIX_EPOCH)
@@ -699,11 +793,37 @@ fn origin(v: &str) -> Option<String> {
 
 #[cfg(test)]
 mod tests {
-    use super::Cors;
+    use super::{is_loopback_name, Cors};
 
     fn parse(values: &[&str]) -> Result<Cors, String> {
         let values: Vec<String> = values.iter().map(|v| v.to_string()).collect();
         Cors::parse(&values).map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn loopback_names_are_told_from_others() {
+        for host in [
+            "localhost",
+            "LOCALHOST:8080",
+            "127.0.0.1:8080",
+            "127.1.2.3",
+            "[::1]:80",
+            "a.localhost",
+            "localhost.",
+        ] {
+            assert!(is_loopback_name(host), "{host}");
+        }
+        for host in [
+            "evil.example",
+            "evil.example:8080",
+            "192.168.1.2",
+            "localhost.evil.example",
+            "[::2]",
+            "",
+            "?",
+        ] {
+            assert!(!is_loopback_name(host), "{host}");
+        }
     }
 
     #[test]

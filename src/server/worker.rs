@@ -123,7 +123,7 @@ fn panic_message(panic: &(dyn Any + Send)) -> String {
         .copied()
         .or_else(|| panic.downcast_ref::<String>().map(String::as_str))
         .unwrap_or("(no message)");
-    format!("the engine failed on this request ({text}); its caches were emptied")
+    format!("the engine failed on this request ({text})")
 }
 
 /// Runs jobs until the channel closes. `abort` cancels whatever runs (shutdown's grace
@@ -159,17 +159,31 @@ pub fn run(mut engine: Engine, jobs: Receiver<Job>, metrics: Arc<Metrics>, abort
             metrics.cancelled();
             continue;
         }
-        let lent = base
-            .as_ref()
-            .map(|b| Box::new(Lent::new(b)) as Box<dyn Drafter>);
-        engine.drafter = match &job.prediction {
-            None => lent,
-            Some(p) => {
-                let pred = Box::new(PredictionDrafter::new("prediction", p.clone(), 32));
-                Some(match lent {
-                    None => pred,
-                    Some(l) => Box::new(AdaptiveCascade::new("prediction+drafter", vec![pred, l])),
-                })
+        // A panic (a bug) here fails this request too, not the server.
+        let drafter = catch_unwind(AssertUnwindSafe(|| {
+            let lent = base
+                .as_ref()
+                .map(|b| Box::new(Lent::new(b)) as Box<dyn Drafter>);
+            match &job.prediction {
+                None => lent,
+                Some(p) => {
+                    let pred: Box<dyn Drafter> =
+                        Box::new(PredictionDrafter::new("prediction", p.clone(), 32));
+                    Some(match lent {
+                        None => pred,
+                        Some(l) => {
+                            Box::new(AdaptiveCascade::new("prediction+drafter", vec![pred, l]))
+                        }
+                    })
+                }
+            }
+        }));
+        engine.drafter = match drafter {
+            Ok(d) => d,
+            Err(panic) => {
+                metrics.failed();
+                let _ = job.events.send(Event::Failed(panic_message(&*panic)));
+                continue;
             }
         };
         for index in 0..job.n {
@@ -202,7 +216,7 @@ pub fn run(mut engine: Engine, jobs: Receiver<Job>, metrics: Arc<Metrics>, abort
             }))
             .unwrap_or_else(|panic| {
                 engine.forget();
-                Err(panic_message(&*panic))
+                Err(panic_message(&*panic) + "; its caches were emptied")
             });
             for w in out.iter().flat_map(|g| &g.warnings) {
                 eprintln!("cascade: warning: {w}");
