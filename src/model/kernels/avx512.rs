@@ -22,8 +22,9 @@ use super::{for_each_output, Part, Tile, Weights, CHUNK, MAX_ROWS};
 use std::arch::x86_64::*;
 use std::ops::Range;
 
-/// True if this CPU has the instructions these kernels use (VL for the formats run on AVX2's
-/// layout with 32-byte `vpdpbusd`: every AVX-512 VNNI CPU has it).
+/// True if this CPU has the AVX-512 instructions these kernels use: F, BW, VNNI, and VL for
+/// the formats run on AVX2's layout with 32-byte `vpdpbusd` (every AVX-512 VNNI CPU has it);
+/// not DQ. FMA and F16C, which they use too, are AVX2's (`Kernels::runs_here` asks both).
 pub(super) fn supported() -> bool {
     is_x86_feature_detected!("avx512f")
         && is_x86_feature_detected!("avx512bw")
@@ -178,7 +179,8 @@ pub(super) trait TwoBlock: NarrowPart {
     /// `i` of the first block in its low half and of the second in its high half.
     ///
     /// # Safety
-    /// The CPU must have AVX-512 F and BW.
+    /// The CPU must have what [`supported`] asks (the implementations enable AVX-512 F, BW and
+    /// VNNI, and AVX2).
     unsafe fn vectors(piece: impl Fn(usize) -> __m512i) -> [__m512i; 8];
 }
 
@@ -223,7 +225,12 @@ impl<B: TwoBlock, H: NarrowPart> Steps<8> for TwoBlocks<'_, B, H> {
             Some(Part::Half(x)) => x.scales(),
             None => (_mm256_setzero_ps(), _mm256_setzero_ps()),
         });
-        let join = |a: __m256, b| _mm512_insertf32x8::<1>(_mm512_castps256_ps512(a), b);
+        // AVX-512 F's 64-bit insert moves the same bits as DQ's `_mm512_insertf32x8`, which
+        // these kernels do not require (a virtual machine may hide DQ).
+        let join = |a: __m256, b: __m256| {
+            let low = _mm512_castpd256_pd512(_mm256_castps_pd(a));
+            _mm512_castpd_ps(_mm512_insertf64x4::<1>(low, _mm256_castps_pd(b)))
+        };
         (w, join(s0, s1), join(o0, o1))
     }
 }

@@ -82,15 +82,39 @@ pub(super) struct Q5_1 {
     qs: [u8; 16],
 }
 
+/// A mirror of candle's block `C`, which [`view`] reads `C` as.
+///
+/// # Safety
+/// `C` and `Self` are `#[repr(C)]` structs of integers (and arrays of them) without padding,
+/// so that every bit pattern of a `C` is a valid `Self`.
+pub(super) unsafe trait Mirror<C> {}
+
+// SAFETY: each mirror lists its candle block's fields, in order: integers and arrays of bytes.
+unsafe impl Mirror<BlockQ4K> for Q4K {}
+// SAFETY: as above.
+unsafe impl Mirror<BlockQ5K> for Q5K {}
+// SAFETY: as above.
+unsafe impl Mirror<BlockQ6K> for Q6K {}
+// SAFETY: as above.
+unsafe impl Mirror<BlockQ8_0> for Q8_0 {}
+// SAFETY: as above.
+unsafe impl Mirror<BlockQ5_0> for Q5_0 {}
+// SAFETY: as above.
+unsafe impl Mirror<BlockQ4_0> for Q4_0 {}
+// SAFETY: as above.
+unsafe impl Mirror<BlockQ4_1> for Q4_1 {}
+// SAFETY: as above.
+unsafe impl Mirror<BlockQ5_1> for Q5_1 {}
+
 /// Reinterprets candle blocks as their mirror (checked at compile time: same size, and the
 /// mirror's alignment no stricter).
-pub(super) fn view<A, B>(a: &[A]) -> &[B] {
+pub(super) fn view<A, B: Mirror<A>>(a: &[A]) -> &[B] {
     const {
         assert!(std::mem::size_of::<A>() == std::mem::size_of::<B>());
         assert!(std::mem::align_of::<A>() >= std::mem::align_of::<B>());
     }
-    // SAFETY: same size, compatible alignment (both checked above), both plain bytes valid
-    // for any bit pattern.
+    // SAFETY: same size, compatible alignment (both checked above), and `B: Mirror<A>`: any
+    // `A`'s bits are a valid `B`.
     unsafe { std::slice::from_raw_parts(a.as_ptr() as *const B, a.len()) }
 }
 
@@ -794,7 +818,7 @@ const Q5_1_ZERO: Q5_1 = Q5_1 {
 /// row padded with `zero` blocks to a multiple of 256 values), each row's last block kept
 /// apart in half size if it holds at most 128 values (packed there, not copied out after:
 /// the copy was a tenth of the 0.5B's load).
-fn pack_per32<C, T: Sync, P: Halves + Send>(
+fn pack_per32<C, T: Sync + Mirror<C>, P: Halves + Send>(
     blocks: &[C],
     cols: usize,
     zero: &T,

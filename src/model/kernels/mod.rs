@@ -423,7 +423,8 @@ const PASS_BYTES: usize = 512 << 10;
 /// Panics if `dst` holds fewer than `pass.end x n` values.
 ///
 /// # Safety
-/// No other task writes the columns of `chunks` while this one runs.
+/// `dst` was made from a `&mut [f32]` of `dst.1` values that nothing else reads or writes
+/// during the call, and no other task writes the columns of `chunks` while this one runs.
 unsafe fn each_tile(
     pass: Range<usize>,
     n: usize,
@@ -478,6 +479,7 @@ impl<'a, B, H> Weights<'a, B, H> {
     /// Rows of `kb` blocks each, read one after another: [`Weights::block`] prefetches
     /// [`PREFETCH`] bytes ahead.
     fn new(w: &'a [B], tails: &'a [H], kb: usize) -> Self {
+        assert!(kb > 0, "a weight row of no blocks");
         let full = kb - usize::from(!tails.is_empty());
         Self {
             w,
