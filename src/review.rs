@@ -248,11 +248,18 @@ impl ReviewCounts {
         add(&mut self.accepted_at, &other.accepted_at);
     }
 
-    /// Acceptance at each position given it was examined (CS Drafting Figure 1).
+    /// Acceptance at each position given it was examined (CS Drafting Figure 1), up to the
+    /// last position ever examined: one drafted but never reached has no acceptance to show
+    /// (reaching a position takes reaching every one before it).
     pub fn acceptance_by_position(&self) -> Vec<f64> {
         let at = |v: &[usize], i: usize| v.get(i).copied().unwrap_or(0) as f64;
-        (0..self.reached_at.len())
-            .map(|i| at(&self.accepted_at, i) / at(&self.reached_at, i).max(1.0))
+        let examined = self
+            .reached_at
+            .iter()
+            .rposition(|&r| r > 0)
+            .map_or(0, |i| i + 1);
+        (0..examined)
+            .map(|i| at(&self.accepted_at, i) / at(&self.reached_at, i))
             .collect()
     }
 
@@ -287,6 +294,17 @@ impl ReviewCounts {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A position drafted but never examined (the draft was rejected before it) has no
+    /// acceptance: it is not shown as always rejected.
+    #[test]
+    fn acceptance_by_position_ends_at_the_last_position_examined() {
+        let mut counts = ReviewCounts::default();
+        counts.record(10, 1); // positions 0 and 1 examined, 1 rejected
+        counts.record(3, 0);
+        assert_eq!(counts.acceptance_by_position(), [0.5, 0.0]);
+        assert!(ReviewCounts::default().acceptance_by_position().is_empty());
+    }
 
     #[test]
     fn the_keep_chance_is_the_reviews_own_test() {

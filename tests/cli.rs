@@ -488,6 +488,16 @@ fn errors_are_reported_without_a_panic() {
         err.trim(),
         "cascade: --write configs/speculative.toml is the config itself (writing drops its comments): name another file"
     );
+    // Nor over a file that is no config: the report it reads, with `-r` and `--write` swapped.
+    let (ok, _, err) = cascade(
+        &[&plan[..], &["--write", "docs/bench/report.json"]].concat(),
+        None,
+    );
+    assert!(!ok);
+    assert_eq!(
+        err.trim(),
+        "cascade: --write docs/bench/report.json is a file and no cascade config: the plan would replace it"
+    );
     // Planning for a config the report did not bench.
     let dir = tempfile::tempdir().unwrap();
     // The report folder is checked before the suite runs, not after it.
@@ -666,7 +676,22 @@ fn errors_are_reported_without_a_panic() {
     // one would be compared with greedy decoding.
     assert_eq!(
         bench_error(&["configs/speculative-nucleus.toml"]),
-        "cascade: speculative-nucleus: its sampling, seed or stop strings differ from `max-gram`'s; bench compares every config with one autoregressive run, so they must agree (--temperature, --top-k and --top-p set the sampling of all)"
+        "cascade: speculative-nucleus: its sampling differs from `max-gram`'s, and bench compares every config with one autoregressive run (--temperature, --top-k and --top-p set the sampling of all)"
+    );
+    // Sampled with the same settings, the seeds must agree too.
+    let seeded = dir.path().join("seeded.toml");
+    let max_gram = std::fs::read_to_string("configs/max-gram.toml").unwrap();
+    let root = env!("CARGO_MANIFEST_DIR");
+    std::fs::write(
+        &seeded,
+        max_gram
+            .replace("../", &format!("{root}/"))
+            .replace("[generation]", "[generation]\nseed = 7"),
+    )
+    .unwrap();
+    assert_eq!(
+        bench_error(&[seeded.to_str().unwrap(), "-t", "0.7"]),
+        "cascade: seeded: its seed differs from `max-gram`'s, and bench compares every config with one autoregressive run (generation.seed)"
     );
     // Sampling flags replace every config's: top-p alone would be greedy.
     assert_eq!(
@@ -1307,9 +1332,9 @@ fn hub_models_are_found_where_huggingface_hub_puts_them() {
 }
 
 /// `-k` without a drafter says it does nothing, and `--json` reports no draft length then;
-/// with `--no-draft` it is refused.
+/// with `--no-draft` it is refused; above a horizontal schedule's length it is named too.
 #[test]
-fn k_without_a_drafter_is_named() {
+fn a_k_that_changes_nothing_is_named() {
     let dir = tempfile::tempdir().unwrap();
     let config = dir.path().join("plain.toml");
     let smol = Path::new(env!("CARGO_MANIFEST_DIR")).join("models/smollm2-135m-instruct-q4_1.gguf");
@@ -1330,4 +1355,83 @@ fn k_without_a_drafter_is_named() {
     assert_eq!(doc["k"], serde_json::Value::Null);
     let (ok, _, err) = cascade(&[&args[..], &["--no-draft"]].concat(), None);
     assert!(!ok && err.contains("cannot be used with"), "{err}");
+    // Nor does a K above what a horizontal schedule drafts.
+    let horizontal = dir.path().join("h.toml");
+    std::fs::write(
+        &horizontal,
+        format!(
+            "[target]\nmodel = \"{}\"\ndrafter = \"h\"\nk = 2\n[drafters.mag]\nkind = \"max_gram\"\n\
+             [drafters.h]\nkind = \"horizontal\"\nschedule = [[\"mag\", 2]]\n",
+            smol.display()
+        ),
+    )
+    .unwrap();
+    let h = horizontal.to_str().unwrap();
+    let (ok, _, err) = cascade(
+        &["generate", "-c", h, "-p", "Hi", "-n", "1", "-k", "5"],
+        None,
+    );
+    assert!(ok, "{err}");
+    assert!(
+        err.contains(&format!(
+            "cascade: warning: {h}: K = 5 is more than `h` drafts in a round (2, its schedule): \
+             K above 2 changes nothing"
+        )),
+        "{err}"
+    );
+    let (ok, _, err) = cascade(&["generate", "-c", h, "-p", "Hi", "-n", "1"], None);
+    assert!(ok && !err.contains("warning"), "{err}");
+}
+
+/// A bench runs a config without its Max-Gram history: each run is measured on its own (the
+/// warm-up's answer is not copied into the timed run) and the file is left as it is.
+#[test]
+fn a_bench_leaves_a_max_gram_history_alone() {
+    let _s = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let smol = Path::new(env!("CARGO_MANIFEST_DIR")).join("models/smollm2-135m-instruct-q4_1.gguf");
+    let history = dir.path().join("outputs.hist");
+    let config = dir.path().join("hist.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[target]\nmodel = \"{}\"\ndrafter = \"mag\"\n[drafters.mag]\nkind = \"max_gram\"\n\
+             history = \"{}\"\n",
+            smol.display(),
+            history.display()
+        ),
+    )
+    .unwrap();
+    let prompts = dir.path().join("p.jsonl");
+    std::fs::write(
+        &prompts,
+        "{\"category\": \"qa\", \"prompt\": \"1, 2, 3,\", \"chat\": false}\n",
+    )
+    .unwrap();
+    let out = dir.path().join("out");
+    let (ok, _, err) = cascade(
+        &[
+            "bench",
+            "-c",
+            config.to_str().unwrap(),
+            "-p",
+            prompts.to_str().unwrap(),
+            "-n",
+            "4",
+            "--warmup",
+            "1",
+            "--out",
+            out.to_str().unwrap(),
+        ],
+        None,
+    );
+    assert!(ok, "{err}");
+    assert!(
+        err.contains(&format!(
+            "cascade: note: {}: benched without the Max-Gram history of mag",
+            config.display()
+        )),
+        "{err}"
+    );
+    assert!(!history.exists(), "the bench wrote the history");
 }

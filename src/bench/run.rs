@@ -239,16 +239,23 @@ pub fn run(
     };
     // ... and their outputs must be comparable with it: the same sampling (the seed too, if
     // sampled) and stop strings.
-    let settings = |o: &GenerateOptions| {
-        let sampled = (!o.sampling.is_greedy()).then_some((o.sampling, o.seed));
-        (sampled, o.stop.clone())
-    };
-    let base = settings(&options(&baseline_plan));
-    if let Some(c) = configs.iter().find(|c| settings(&options(&c.plan)) != base) {
+    let base = options(&baseline_plan);
+    for c in configs {
+        let o = options(&c.plan);
+        let sampled = !base.sampling.is_greedy() || !o.sampling.is_greedy();
+        let (what, how) = match () {
+            _ if sampled && o.sampling != base.sampling => (
+                "its sampling differs",
+                " (--temperature, --top-k and --top-p set the sampling of all)",
+            ),
+            _ if sampled && o.seed != base.seed => ("its seed differs", " (generation.seed)"),
+            _ if o.stop != base.stop => ("its stop strings differ", " (generation.stop)"),
+            _ => continue,
+        };
         return Err(Error::config(
             &c.label,
             format!(
-                "its sampling, seed or stop strings differ from `{}`'s; bench compares every config with one autoregressive run, so they must agree (--temperature, --top-k and --top-p set the sampling of all)",
+                "{what} from `{}`'s, and bench compares every config with one autoregressive run{how}",
                 first.label
             ),
         ));

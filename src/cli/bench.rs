@@ -97,7 +97,16 @@ pub fn bench_command(args: BenchArgs) -> Result<Report> {
         .configs
         .iter()
         .map(|path| {
-            let plan = load_plan(path, &RawConfig::load(path)?)?;
+            let mut plan = load_plan(path, &RawConfig::load(path)?)?;
+            let histories = plan.without_histories();
+            if !histories.is_empty() {
+                eprintln!(
+                    "cascade: note: {}: benched without the Max-Gram history of {} (each run \
+                     is measured on its own, and the file is left as it is)",
+                    path.display(),
+                    histories.join(", ")
+                );
+            }
             Ok(BenchConfig {
                 label: label(path),
                 plan,
@@ -262,6 +271,18 @@ pub fn plan(args: PlanArgs) -> Result<()> {
                 "--write {} is a folder: name the config file to write",
                 out.display()
             );
+        }
+        // Only a config (a plan written before) is written over: `-r` and `--write` swapped
+        // must not replace the report, nor a typo a prompt suite or a table.
+        if let Ok(text) = std::fs::read(out) {
+            let config = std::str::from_utf8(&text)
+                .is_ok_and(|t| t.trim().is_empty() || RawConfig::parse(t, "").is_ok());
+            if !config {
+                bail!(
+                    "--write {} is a file and no cascade config: the plan would replace it",
+                    out.display()
+                );
+            }
         }
     }
     let (report, from) = match &args.report {

@@ -100,6 +100,16 @@ impl Plan {
 }
 
 impl Plan {
+    /// Runs the plan's Max-Gram drafters without their histories (a bench measures each run on
+    /// its own, and leaves the files as they are): the names of the drafters that had one.
+    pub fn without_histories(&mut self) -> Vec<String> {
+        let mut out = Vec::new();
+        if let Some(d) = &mut self.drafter {
+            d.drop_histories(&mut out);
+        }
+        out
+    }
+
     /// Every neural drafter with a trimmed vocabulary: its node's name, model and vocabulary.
     pub fn trimmed(&self) -> Vec<(&str, &ModelPlan, &TrimmedVocabulary)> {
         let mut out = Vec::new();
@@ -111,66 +121,82 @@ impl Plan {
 }
 
 impl DrafterNode {
-    fn trimmed<'a>(&'a self, out: &mut Vec<(&'a str, &'a ModelPlan, &'a TrimmedVocabulary)>) {
+    /// The nodes directly below this one (a K matrix's expanded parts included).
+    fn children(&self) -> Vec<&DrafterNode> {
         match &self.kind {
-            DrafterPlan::Model {
-                model,
-                vocabulary: Some(v),
-            } => out.push((&self.name, model, v)),
-            DrafterPlan::Vertical { inner, .. } => inner.trimmed(out),
-            DrafterPlan::Horizontal { parts } => parts.iter().for_each(|(n, _)| n.trimmed(out)),
-            DrafterPlan::Adaptive { parts } => parts.iter().for_each(|n| n.trimmed(out)),
-            _ => {}
+            DrafterPlan::Vertical { inner, .. } => vec![inner],
+            DrafterPlan::Horizontal { parts } => parts.iter().map(|(n, _)| n).collect(),
+            DrafterPlan::Adaptive { parts } => parts.iter().collect(),
+            _ => Vec::new(),
         }
     }
 
-    fn models<'a>(&'a self, out: &mut Vec<&'a ModelPlan>) {
-        let mut add = |m: &'a ModelPlan| {
-            if !out.iter().any(|x| x.path == m.path) {
-                out.push(m);
-            }
-        };
-        match &self.kind {
-            DrafterPlan::Model { model, .. } => add(model),
-            DrafterPlan::Vertical {
-                reviewer, inner, ..
-            } => {
-                add(reviewer);
-                inner.models(out);
-            }
-            DrafterPlan::Horizontal { parts } => parts.iter().for_each(|(n, _)| n.models(out)),
-            DrafterPlan::Adaptive { parts } => parts.iter().for_each(|n| n.models(out)),
-            DrafterPlan::Bigram { .. }
-            | DrafterPlan::MaxGram { .. }
-            | DrafterPlan::Plugin { .. } => {}
+    /// [`DrafterNode::children`], to change.
+    fn children_mut(&mut self) -> Vec<&mut DrafterNode> {
+        match &mut self.kind {
+            DrafterPlan::Vertical { inner, .. } => vec![inner],
+            DrafterPlan::Horizontal { parts } => parts.iter_mut().map(|(n, _)| n).collect(),
+            DrafterPlan::Adaptive { parts } => parts.iter_mut().collect(),
+            _ => Vec::new(),
         }
+    }
+
+    fn trimmed<'a>(&'a self, out: &mut Vec<(&'a str, &'a ModelPlan, &'a TrimmedVocabulary)>) {
+        if let DrafterPlan::Model {
+            model,
+            vocabulary: Some(v),
+        } = &self.kind
+        {
+            out.push((&self.name, model, v));
+        }
+        self.children().into_iter().for_each(|n| n.trimmed(out));
+    }
+
+    fn models<'a>(&'a self, out: &mut Vec<&'a ModelPlan>) {
+        let model = match &self.kind {
+            DrafterPlan::Model { model, .. } => Some(model),
+            DrafterPlan::Vertical { reviewer, .. } => Some(reviewer),
+            _ => None,
+        };
+        if let Some(m) = model.filter(|m| !out.iter().any(|x| x.path == m.path)) {
+            out.push(m);
+        }
+        self.children().into_iter().for_each(|n| n.models(out));
     }
 
     /// The names of this node and every node below it (a K matrix's expanded parts
     /// included: `cs.d1`, `cs.level1`).
     pub fn names<'a>(&'a self, out: &mut Vec<&'a str>) {
         out.push(&self.name);
-        match &self.kind {
-            DrafterPlan::Vertical { inner, .. } => inner.names(out),
-            DrafterPlan::Horizontal { parts } => parts.iter().for_each(|(n, _)| n.names(out)),
-            DrafterPlan::Adaptive { parts } => parts.iter().for_each(|n| n.names(out)),
-            DrafterPlan::Model { .. }
-            | DrafterPlan::Bigram { .. }
-            | DrafterPlan::MaxGram { .. }
-            | DrafterPlan::Plugin { .. } => {}
-        }
+        self.children().into_iter().for_each(|n| n.names(out));
     }
 
     /// Whether this node or one below it sizes its drafts adaptively.
     pub fn has_adaptive(&self) -> bool {
+        matches!(self.kind, DrafterPlan::Vertical { adaptive: true, .. })
+            || self.children().into_iter().any(DrafterNode::has_adaptive)
+    }
+
+    /// The most tokens this drafter drafts in a round whatever it is asked, if it has such a
+    /// bound: a horizontal schedule's (a K matrix row's) sum.
+    pub fn most_per_round(&self) -> Option<usize> {
         match &self.kind {
-            DrafterPlan::Vertical {
-                adaptive, inner, ..
-            } => *adaptive || inner.has_adaptive(),
-            DrafterPlan::Horizontal { parts } => parts.iter().any(|(n, _)| n.has_adaptive()),
-            DrafterPlan::Adaptive { parts } => parts.iter().any(DrafterNode::has_adaptive),
-            _ => false,
+            DrafterPlan::Horizontal { parts } => Some(parts.iter().map(|(_, n)| n).sum()),
+            _ => None,
         }
+    }
+
+    /// Leaves out the Max-Gram histories of this node and those below it: the names of the
+    /// nodes that had one.
+    fn drop_histories(&mut self, out: &mut Vec<String>) {
+        if let DrafterPlan::MaxGram { history, .. } = &mut self.kind {
+            if history.take().is_some() {
+                out.push(self.name.clone());
+            }
+        }
+        self.children_mut()
+            .into_iter()
+            .for_each(|n| n.drop_histories(out));
     }
 }
 
