@@ -120,10 +120,12 @@ impl BigramTable {
             return Err(bad_table(
                 path,
                 format!(
-                    "built for another tokenizer (fingerprint {:016x} of {n} ids, the model's \
-                     {model:016x} of {}); rebuild it with `cascade ngram build`",
+                    "built for another tokenizer (fingerprint {:016x} of its {n} ids; the \
+                     model's first {} of {} ids give {model:016x}); rebuild it with `cascade \
+                     ngram build`",
                     self.fingerprint,
-                    n.min(tokenizer.vocab_size())
+                    n.min(tokenizer.vocab_size()),
+                    tokenizer.vocab_size()
                 ),
             ));
         }
@@ -345,16 +347,24 @@ pub fn corpus_files(
             let p = entry.path();
             // `py` and `.py` alike.
             let wanted = extensions.is_empty()
-                || p.extension()
-                    .and_then(|e| e.to_str())
-                    .is_some_and(|e| extensions.iter().any(|x| x.trim_start_matches('.') == e));
+                || p.extension().and_then(|e| e.to_str()).is_some_and(|e| {
+                    extensions
+                        .iter()
+                        .any(|x| x.trim().trim_start_matches('.') == e)
+                });
             if entry.file_type().is_file() && wanted {
                 files.push(p.to_path_buf());
             }
         }
     }
+    // A file named twice (or found under two roots) is read once.
+    let mut files: Vec<(PathBuf, PathBuf)> = files
+        .into_iter()
+        .map(|f| (f.canonicalize().unwrap_or_else(|_| f.clone()), f))
+        .collect();
     files.sort();
-    Ok(files)
+    files.dedup_by(|a, b| a.0 == b.0);
+    Ok(files.into_iter().map(|(_, f)| f).collect())
 }
 
 /// What [`build_table`] read.
@@ -548,6 +558,18 @@ mod walk_tests {
         std::fs::write(dir.path().join("y.rs"), "fn main() {}\n").unwrap();
         let files = corpus_files(&[dir.path().to_path_buf()], &[".py".into()], &[]).unwrap();
         assert_eq!(files, [dir.path().join("x.py")]);
+        // Or after a space (`--ext "py, rs"`).
+        let files = corpus_files(&[dir.path().to_path_buf()], &[" rs".into()], &[]).unwrap();
+        assert_eq!(files, [dir.path().join("y.rs")]);
+    }
+
+    #[test]
+    fn a_file_named_twice_is_read_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let x = dir.path().join("x.py");
+        std::fs::write(&x, "print(1)\n").unwrap();
+        let files = corpus_files(&[x.clone(), dir.path().to_path_buf()], &[], &[]).unwrap();
+        assert_eq!(files, [x]);
     }
 
     #[test]

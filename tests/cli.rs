@@ -592,8 +592,36 @@ fn errors_are_reported_without_a_panic() {
             "cascade: --out {source} is a file and no bigram table: the table would replace it"
         )
     );
-    // Nor over a file found in a corpus folder, or any other file that is no table.
     let folder = dir.path().to_str().unwrap();
+    let (ok, _, err) = cascade(
+        &["ngram", "build", "--tokenizer", smol, "-o", folder, source],
+        None,
+    );
+    assert!(!ok);
+    assert_eq!(
+        err.trim(),
+        format!("cascade: --out {folder} is a folder: name the table's file")
+    );
+    let (ok, _, err) = cascade(
+        &[
+            "ngram",
+            "build",
+            "--tokenizer",
+            smol,
+            "-o",
+            "t.bigram",
+            "--exclude",
+            "a/b",
+            folder,
+        ],
+        None,
+    );
+    assert!(!ok);
+    assert_eq!(
+        err.trim(),
+        "cascade: --exclude a/b: give a folder's name (e.g. site-packages), not a path"
+    );
+    // Nor over a file found in a corpus folder, or any other file that is no table.
     let (ok, _, err) = cascade(
         &["ngram", "build", "--tokenizer", smol, "-o", source, folder],
         None,

@@ -135,7 +135,7 @@ pub fn bench_command(args: BenchArgs) -> Result<Report> {
     let opts = BenchOptions {
         max_new_tokens: args.max_new_tokens,
         repeats: args.repeats,
-        warmup_prompts: args.warmup,
+        warmup_prompts: args.warmup.min(suite.len()), // as many as run, for the report
         sampling,
     };
     // The report's folder is checked now, not after the hour the suite may take.
@@ -313,12 +313,15 @@ pub fn plan(args: PlanArgs) -> Result<()> {
                 },
                 out: args.out.clone(),
             })?;
-            if report.interrupted {
-                eprintln!("cascade: interrupted: planning from the runs finished before Ctrl-C");
-            }
             (report, args.out.join("report.json"))
         }
     };
+    if report.interrupted {
+        eprintln!(
+            "cascade: warning: {}: its bench was interrupted: planning from the runs it finished",
+            from.display()
+        );
+    }
     let raw = RawConfig::load(&args.config)?;
     let config = load_plan(&args.config, &raw)?;
     let name = label(&args.config);

@@ -25,7 +25,8 @@ pub struct BuildArgs {
     /// Only files with these extensions (comma-separated; default: all files).
     #[arg(long, value_delimiter = ',')]
     ext: Vec<String>,
-    /// Skip files under folders with these names (repeatable), e.g. site-packages.
+    /// Skip files under folders with these names (repeatable), e.g. site-packages: a name,
+    /// not a path.
     #[arg(long)]
     exclude: Vec<String>,
     /// Corpus files or folders (searched recursively).
@@ -39,10 +40,19 @@ pub fn ngram_build(args: BuildArgs) -> Result<()> {
         bail!("--top must be >= 1");
     }
     let start = std::time::Instant::now();
+    if let Some(x) = args.exclude.iter().find(|x| x.contains(['/', '\\'])) {
+        bail!("--exclude {x}: give a folder's name (e.g. site-packages), not a path");
+    }
     let tokenizer = cascade::tokenizer::Tokenizer::from_file(&args.tokenizer)?;
     let mut files = corpus_files(&args.corpus, &args.ext, &args.exclude)?;
     // Arguments in the wrong order, or a typo, must not replace a file with the table; a table
     // rebuilt inside its corpus folder is not part of its corpus.
+    if args.out.is_dir() {
+        bail!(
+            "--out {} is a folder: name the table's file",
+            args.out.display()
+        );
+    }
     if !BigramTable::replaceable(&args.out) {
         bail!(
             "--out {} is a file and no bigram table: the table would replace it",

@@ -165,9 +165,7 @@ impl Builder<'_> {
         let progress = &mut *self.progress;
         let cost = cache.costs(&[subject], false, &mut |event| match event {
             CostEvent::Measuring(_) => progress(&format!("{event} (once per machine)"), 0, 1),
-            CostEvent::Contended { .. } | CostEvent::NotSaved(_) => {
-                eprintln!("cascade: warning: {event}")
-            }
+            CostEvent::Contended { .. } | CostEvent::NotSaved(_) => warn_once(&event.to_string()),
         })?;
         Ok(cost.into_iter().next().expect("one model asked"))
     }
@@ -410,4 +408,15 @@ pub fn check_vocab(
         ));
     }
     Ok(())
+}
+
+/// Prints a warning on standard error, once per process: every engine a bench builds, and a
+/// model that is both target and drafter, asks the same costs again.
+fn warn_once(warning: &str) {
+    static SAID: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+    let mut said = SAID.lock().unwrap_or_else(|e| e.into_inner());
+    if !said.iter().any(|w| w == warning) {
+        eprintln!("cascade: warning: {warning}");
+        said.push(warning.to_string());
+    }
 }

@@ -594,7 +594,7 @@ impl Validator<'_> {
                     Some(p) if self.base.join(p).is_dir() => {
                         return Err(Error::config(
                             format!("{here}.history"),
-                            format!("{} is a directory, not a file", self.base.join(p).display()),
+                            crate::files::not_a_file(&self.base.join(p)),
                         ))
                     }
                     Some(p) => Some((self.base.join(p), *history_tokens)),
@@ -620,6 +620,12 @@ impl Validator<'_> {
                     MAX_DRAFT,
                     "tokens",
                 )?;
+                if *bigram_tokens > 0 && table.is_none() {
+                    return Err(Error::config(
+                        format!("{here}.bigram_tokens"),
+                        "drafts from the bigram table, and this drafter names none (`table`)",
+                    ));
+                }
                 if *min_match == 0 || min_match > max_ngram {
                     return Err(Error::config(
                         format!("{here}.min_match"),
