@@ -561,13 +561,14 @@ fn errors_are_reported_without_a_panic() {
     // An I/O error's message comes once, not again as its own cause.
     let nope = dir.path().join("nope");
     let smol = "models/smollm2-135m-instruct-q4_1.gguf";
+    let table = dir.path().join("new.bigram");
     let args = [
         "ngram",
         "build",
         "--tokenizer",
         smol,
         "-o",
-        out[1],
+        table.to_str().unwrap(),
         nope.to_str().unwrap(),
     ];
     let (ok, _, err) = cascade(&args, None);
@@ -1402,8 +1403,8 @@ fn a_k_that_changes_nothing_is_named() {
     assert!(ok, "{err}");
     assert!(
         err.contains(&format!(
-            "cascade: warning: {h}: K = 5 is more than `h` drafts in a round (2, its schedule): \
-             K above 2 changes nothing"
+            "cascade: warning: {h}: -k = 5 is more than `h` drafts in a round (2, its \
+             schedule): a K above 2 changes nothing"
         )),
         "{err}"
     );

@@ -123,6 +123,16 @@ code, err = raw("/v1/completions", ok_body, {"content-type": "application/json",
 check("403 for a request to another host name", code == 403 and "evil.example" in err["error"]["message"], str((code, err)))
 code, _ = raw("/v1/completions", ok_body, {"content-type": "application/json; charset=utf-8", "host": "localhost"})
 check("a JSON body with a charset, sent to localhost, is answered", code == 200, str(code))
+# With stream_options.include_usage, every chunk carries `usage`: null but in the last one.
+body = json.dumps({"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4, "stream": True,
+                   "stream_options": {"include_usage": True}}).encode()
+req = urllib.request.Request(BASE + "/chat/completions", data=body, method="POST",
+                             headers={"content-type": "application/json"})
+chunks = [json.loads(l[6:]) for l in urllib.request.urlopen(req).read().decode().splitlines()
+          if l.startswith("data: {")]
+check("with include_usage every chunk has usage, null until the last",
+      all("usage" in c for c in chunks) and all(c["usage"] is None for c in chunks[:-1])
+      and chunks[-1]["usage"]["completion_tokens"] >= 1, str(chunks))
 served = client.models.list().data[0].id
 check("/v1/models/{id} retrieves the served model", client.models.retrieve(served).id == served)
 try:

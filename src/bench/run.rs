@@ -243,14 +243,17 @@ pub fn run(
     for c in configs {
         let o = options(&c.plan);
         let sampled = !base.sampling.is_greedy() || !o.sampling.is_greedy();
-        let (what, how) = match () {
-            _ if sampled && o.sampling != base.sampling => (
+        let (what, how) = if sampled && o.sampling != base.sampling {
+            (
                 "its sampling differs",
                 " (--temperature, --top-k and --top-p set the sampling of all)",
-            ),
-            _ if sampled && o.seed != base.seed => ("its seed differs", " (generation.seed)"),
-            _ if o.stop != base.stop => ("its stop strings differ", " (generation.stop)"),
-            _ => continue,
+            )
+        } else if sampled && o.seed != base.seed {
+            ("its seed differs", " (generation.seed)")
+        } else if o.stop != base.stop {
+            ("its stop strings differ", " (generation.stop)")
+        } else {
+            continue;
         };
         return Err(Error::config(
             &c.label,

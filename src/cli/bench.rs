@@ -98,7 +98,10 @@ pub fn bench_command(args: BenchArgs) -> Result<Report> {
         .iter()
         .map(|path| {
             let mut plan = load_plan(path, &RawConfig::load(path)?)?;
-            let histories = plan.without_histories();
+            super::warn_unused_k(path, &plan, "target.k");
+            let mut histories = plan.without_histories();
+            histories.sort(); // a drafter named in several places is built in each
+            histories.dedup();
             if !histories.is_empty() {
                 eprintln!(
                     "cascade: note: {}: benched without the Max-Gram history of {} (each run \
@@ -274,9 +277,11 @@ pub fn plan(args: PlanArgs) -> Result<()> {
         }
         // Only a config (a plan written before) is written over: `-r` and `--write` swapped
         // must not replace the report, nor a typo a prompt suite or a table.
-        if let Ok(text) = std::fs::read(out) {
-            let config = std::str::from_utf8(&text)
-                .is_ok_and(|t| t.trim().is_empty() || RawConfig::parse(t, "").is_ok());
+        if let Ok(meta) = std::fs::metadata(out) {
+            // A config is small: a model or table named by mistake is not read whole.
+            let config = meta.len() <= 1 << 20
+                && std::fs::read_to_string(out)
+                    .is_ok_and(|t| t.trim().is_empty() || RawConfig::parse(&t, "").is_ok());
             if !config {
                 bail!(
                     "--write {} is a file and no cascade config: the plan would replace it",

@@ -145,6 +145,11 @@ pub fn generate(args: GenerateArgs) -> Result<()> {
         bail!("--stop: a stop string is empty");
     }
     let mut plan = load_plan(&args.config, &raw)?;
+    super::warn_unused_k(
+        &args.config,
+        &plan,
+        if args.k.is_some() { "-k" } else { "target.k" },
+    );
     // In the plan's options, so that --compare's plain decoding ignores it too.
     plan.options.ignore_eos = args.ignore_eos;
     if plan.options.lenience != 1.0 {

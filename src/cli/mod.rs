@@ -19,23 +19,24 @@ pub fn load_plan(path: &Path, raw: &RawConfig) -> Result<Plan> {
     let base = path.parent().map(PathBuf::from).unwrap_or_default();
     // Validating resolves hub models, which may download them.
     let _downloading = PipeSignalIgnored::new();
-    let plan = raw
-        .validate(&base)
-        .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
-    let most = plan
-        .drafter
-        .as_ref()
-        .and_then(|d| Some((d, d.most_per_round()?)));
+    raw.validate(&base)
+        .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))
+}
+
+/// Warns when the draft length (`k`: `-k`, or `target.k`) is more than the plan's drafter
+/// drafts in a round whatever it is asked (a horizontal schedule).
+pub fn warn_unused_k(path: &Path, plan: &Plan, k: &str) {
+    let drafter = plan.drafter.as_ref();
+    let most = drafter.and_then(|d| Some((d, d.most_per_round()?)));
     if let Some((drafter, most)) = most.filter(|&(_, most)| plan.options.k > most) {
         eprintln!(
-            "cascade: warning: {}: K = {} is more than `{}` drafts in a round ({most}, its \
-             schedule): K above {most} changes nothing",
+            "cascade: warning: {}: {k} = {} is more than `{}` drafts in a round ({most}, its \
+             schedule): a K above {most} changes nothing",
             path.display(),
             plan.options.k,
             drafter.name
         );
     }
-    Ok(plan)
 }
 
 /// While alive, SIGPIPE is ignored, as Rust starts a program: a download's TLS socket

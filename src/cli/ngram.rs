@@ -39,28 +39,33 @@ pub fn ngram_build(args: BuildArgs) -> Result<()> {
     if args.top == 0 {
         bail!("--top must be >= 1");
     }
-    let start = std::time::Instant::now();
-    if let Some(x) = args.exclude.iter().find(|x| x.contains(['/', '\\'])) {
-        bail!("--exclude {x}: give a folder's name (e.g. site-packages), not a path");
-    }
-    let tokenizer = cascade::tokenizer::Tokenizer::from_file(&args.tokenizer)?;
-    let mut files = corpus_files(&args.corpus, &args.ext, &args.exclude)?;
     // Arguments in the wrong order, or a typo, must not replace a file with the table; a table
-    // rebuilt inside its corpus folder is not part of its corpus.
+    // rebuilt inside its corpus folder is not part of its corpus. Checked before any work.
     if args.out.is_dir() {
         bail!(
             "--out {} is a folder: name the table's file",
             args.out.display()
         );
     }
-    if !BigramTable::replaceable(&args.out) {
-        bail!(
+    match BigramTable::replaceable(&args.out) {
+        Ok(true) => {}
+        Ok(false) => bail!(
             "--out {} is a file and no bigram table: the table would replace it",
             args.out.display()
-        );
+        ),
+        Err(e) => bail!(
+            "--out {}: cannot read it to check that it is a bigram table: {e}",
+            args.out.display()
+        ),
     }
+    if let Some(x) = args.exclude.iter().find(|x| x.contains(['/', '\\'])) {
+        bail!("--exclude {x}: give a folder's name (e.g. site-packages), not a path");
+    }
+    let start = std::time::Instant::now();
+    let tokenizer = cascade::tokenizer::Tokenizer::from_file(&args.tokenizer)?;
+    let mut files = corpus_files(&args.corpus, &args.ext, &args.exclude)?;
     if let Ok(out) = args.out.canonicalize() {
-        files.retain(|f| f.canonicalize().is_ok_and(|f| f != out));
+        files.retain(|f| f.canonicalize().ok() != Some(out.clone()));
     }
     if files.is_empty() {
         let only = match args.ext.is_empty() {

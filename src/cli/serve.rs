@@ -4,7 +4,7 @@ use super::{build, label, load_plan};
 use anyhow::{bail, Result};
 use cascade::config::RawConfig;
 use cascade::model::ModelStore;
-use cascade::server::{listen, serve, Cors, ServeOptions};
+use cascade::server::{host_name, listen, serve, Cors, ServeOptions};
 use clap::Args;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -33,6 +33,10 @@ pub struct ServeArgs {
     /// http://localhost:3000; repeat for more, or * for any. Off by default.
     #[arg(long, value_name = "ORIGIN")]
     cors: Vec<String>,
+    /// Bound to a loopback address, also answer requests addressed to this host name (a
+    /// reverse proxy's that passes its own on); repeat for more.
+    #[arg(long, value_name = "NAME")]
+    allow_host: Vec<String>,
 }
 
 pub fn serve_command(args: ServeArgs) -> Result<()> {
@@ -72,6 +76,7 @@ pub fn serve_command(args: ServeArgs) -> Result<()> {
         model: label(&args.config),
         system: plan.system.clone(),
         cors,
+        allowed_hosts: args.allow_host.iter().map(|h| host_name(h)).collect(),
     };
     let model = opts.model.clone();
     serve(engine, plan.options.clone(), opts, |addr| {

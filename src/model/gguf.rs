@@ -505,7 +505,7 @@ fn read_header<R: Read>(r: &mut HeaderReader<'_, R>) -> Result<(Content, Layout)
     let data_start = tensor_infos_end.div_ceil(alignment) * alignment;
     // In the file's order, so that a truncated file names the first tensor it cuts.
     let mut in_order: Vec<_> = tensor_infos.iter().collect();
-    in_order.sort_by_key(|(_, (info, _))| info.offset);
+    in_order.sort_by_key(|(name, (info, _))| (info.offset, *name));
     for (name, (info, bytes)) in in_order {
         if info.offset % alignment != 0 {
             return Err(malformed(format!(

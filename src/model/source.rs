@@ -68,9 +68,11 @@ impl<'de> Deserialize<'de> for ModelSource {
 /// them, so that a model it fetched is found and a gated one downloads with its token.
 #[derive(Clone, Debug)]
 pub struct HubEnv {
-    /// The hub cache: `HF_HUB_CACHE`, else `$HF_HOME/hub`, else `~/.cache/huggingface/hub`.
+    /// The hub cache: `HF_HUB_CACHE`, else `$HF_HOME/hub`, `HF_HOME` being
+    /// `$XDG_CACHE_HOME/huggingface` (or `~/.cache/huggingface`) unless set.
     pub cache: PathBuf,
-    /// `HF_TOKEN`, else the token `huggingface-cli login` saved (`$HF_HOME/token`).
+    /// `HF_TOKEN`, else the token `huggingface-cli login` saved (`HF_TOKEN_PATH`, else
+    /// `$HF_HOME/token`).
     pub token: Option<String>,
     /// `HF_ENDPOINT` (a mirror), else huggingface.co.
     pub endpoint: Option<String>,
@@ -82,10 +84,25 @@ impl HubEnv {
     /// The settings of this process's environment.
     pub fn from_env() -> Self {
         let var = |name| std::env::var(name).ok().filter(|v| !v.trim().is_empty());
-        let home = hf_hub::Cache::from_env();
+        // A leading `~` stands for the home folder, as Python's `expanduser` reads it.
+        let path = |v: String| match (v.strip_prefix("~/"), var("HOME")) {
+            (Some(rest), Some(home)) => Path::new(&home).join(rest),
+            _ => PathBuf::from(v),
+        };
+        let home = var("HF_HOME").map(path).unwrap_or_else(|| {
+            let cache = var("XDG_CACHE_HOME").unwrap_or_else(|| "~/.cache".into());
+            path(cache).join("huggingface")
+        });
+        let token_file = var("HF_TOKEN_PATH").map_or_else(|| home.join("token"), path);
+        let saved_token = || {
+            let token = std::fs::read_to_string(token_file).ok()?;
+            Some(token.trim().to_string()).filter(|t| !t.is_empty())
+        };
         Self {
-            cache: var("HF_HUB_CACHE").map_or_else(|| home.path().clone(), PathBuf::from),
-            token: var("HF_TOKEN").or_else(|| home.token()),
+            cache: var("HF_HUB_CACHE")
+                .or_else(|| var("HUGGINGFACE_HUB_CACHE"))
+                .map_or_else(|| home.join("hub"), path),
+            token: var("HF_TOKEN").or_else(saved_token),
             endpoint: var("HF_ENDPOINT").map(|e| e.trim_end_matches('/').to_string()),
             offline: is_true(var("HF_HUB_OFFLINE").as_deref()),
         }

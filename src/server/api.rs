@@ -85,13 +85,8 @@ pub struct Part {
     pub text: Option<String>,
 }
 
-/// The text of a string or of text parts, these joined by line breaks (as vLLM and
-/// llama.cpp's server join them).
-fn text_of(content: Result<&str, &[Part]>, at: &str) -> Result<String, ApiError> {
-    let parts = match content {
-        Ok(text) => return Ok(text.to_string()),
-        Err(parts) => parts,
-    };
+/// The text of text parts, joined by line breaks (as vLLM and llama.cpp's server join them).
+fn parts_text(parts: &[Part], at: &str) -> Result<String, ApiError> {
     let texts = parts
         .iter()
         .enumerate()
@@ -113,8 +108,8 @@ fn text_of(content: Result<&str, &[Part]>, at: &str) -> Result<String, ApiError>
 impl Content {
     fn text(&self, at: &str) -> Result<String, ApiError> {
         match self {
-            Content::Text(t) => text_of(Ok(t), at),
-            Content::Parts(parts) => text_of(Err(parts), at),
+            Content::Text(t) => Ok(t.clone()),
+            Content::Parts(parts) => parts_text(parts, at),
         }
     }
 }
@@ -124,6 +119,15 @@ pub struct Message {
     pub role: String,
     /// `null` in an assistant turn that only called tools, as clients replay it.
     pub content: Option<Content>,
+}
+
+/// Any 64-bit integer, as OpenAI takes it, or an unsigned one as the CLI and configs take it
+/// (a negative one stands for its two's complement).
+#[derive(Deserialize)]
+#[serde(untagged, expecting = "must be a 64-bit integer")]
+pub enum Seed {
+    Signed(i64),
+    Unsigned(u64),
 }
 
 #[derive(Deserialize)]
@@ -155,8 +159,7 @@ pub struct Common {
     pub temperature: Option<f32>,
     pub top_p: Option<f32>,
     pub top_k: Option<usize>,
-    /// Any 64-bit integer, as OpenAI takes it (a negative one is its two's complement).
-    pub seed: Option<i64>,
+    pub seed: Option<Seed>,
     pub stop: Option<Stop>,
     pub n: Option<usize>,
     pub stream: Option<bool>,
@@ -350,17 +353,29 @@ pub struct Settings {
 /// The most choices one request may ask for.
 pub const MAX_N: usize = 8;
 
+/// A completion's token limit when it gives none (OpenAI's, and vLLM's).
+pub const COMPLETION_TOKENS: usize = 16;
+
 /// The longest stop string a request may give.
 pub const MAX_STOP_BYTES: usize = 1024;
 
 impl Settings {
-    /// The generation options of this request: its settings where it gives them, the config's
-    /// (`defaults`) elsewhere, but a seed of its own if it gives none (sampled requests
-    /// differ), and as OpenAI's, no token limit but the context's if it gives none: at most
-    /// `room` new tokens.
-    pub fn options(&self, defaults: &GenerateOptions, room: usize) -> GenerateOptions {
+    /// The generation options of a request to `endpoint`: its settings where it gives them,
+    /// the config's (`defaults`) elsewhere, but a seed of its own if it gives none (sampled
+    /// requests differ), and as OpenAI's, a chat without a token limit goes on until the
+    /// context's end, a completion stops at 16 tokens: at most `room` new tokens.
+    pub fn options(
+        &self,
+        endpoint: Endpoint,
+        defaults: &GenerateOptions,
+        room: usize,
+    ) -> GenerateOptions {
+        let unset = match endpoint {
+            Endpoint::Chat => room,
+            Endpoint::Completions => COMPLETION_TOKENS,
+        };
         let mut opts = defaults.clone();
-        opts.max_new_tokens = self.max_tokens.unwrap_or(room).min(room);
+        opts.max_new_tokens = self.max_tokens.unwrap_or(unset).min(room);
         opts.sampling.temperature = self.temperature.unwrap_or(opts.sampling.temperature);
         opts.sampling.top_p = self.top_p.unwrap_or(opts.sampling.top_p);
         opts.sampling.top_k = self.top_k.unwrap_or(opts.sampling.top_k);
@@ -460,7 +475,10 @@ impl Common {
             temperature: self.temperature,
             top_p: self.top_p,
             top_k: self.top_k,
-            seed: self.seed.map(|s| s as u64),
+            seed: self.seed.as_ref().map(|s| match *s {
+                Seed::Signed(s) => s as u64,
+                Seed::Unsigned(s) => s,
+            }),
             stop,
             n,
             stream,
@@ -518,8 +536,8 @@ impl ChatRequest {
 impl CompletionRequest {
     pub fn prompt(&self) -> Result<String, ApiError> {
         match &self.prompt {
-            Prompt::Text(t) => text_of(Ok(t), "prompt"),
-            Prompt::Parts(parts) => text_of(Err(parts), "prompt"),
+            Prompt::Text(t) => Ok(t.clone()),
+            Prompt::Parts(parts) => parts_text(parts, "prompt"),
         }
     }
 }
@@ -707,29 +725,44 @@ mod tests {
             ..Default::default()
         };
         defaults.sampling.temperature = 0.7;
-        let o = settings(r#"{"prompt": "x"}"#).options(&defaults, 500);
+        let o = settings(r#"{"prompt": "x"}"#).options(Endpoint::Chat, &defaults, 500);
         assert_eq!(o.stop, ["\n\n"]);
         assert_eq!(o.sampling.temperature, 0.7);
         // A seed of its own: two sampled requests differ.
-        let other = settings(r#"{"prompt": "x"}"#).options(&defaults, 500);
+        let other = settings(r#"{"prompt": "x"}"#).options(Endpoint::Chat, &defaults, 500);
         assert_ne!(o.seed, other.seed);
         // No limit but the context's room, as OpenAI's, not the config's 100.
         assert_eq!(o.max_new_tokens, 500);
         let body = r#"{"prompt": "x", "stop": ["END"], "temperature": 0, "max_tokens": 7}"#;
-        let o = settings(body).options(&defaults, 500);
+        let o = settings(body).options(Endpoint::Chat, &defaults, 500);
         assert_eq!(o.stop, ["END"]);
         assert_eq!(o.sampling.temperature, 0.0);
         assert_eq!(o.max_new_tokens, 7);
         assert_eq!(
             settings(r#"{"max_tokens": 900}"#)
-                .options(&defaults, 500)
+                .options(Endpoint::Chat, &defaults, 500)
                 .max_new_tokens,
             500
         );
         // A negative seed, which OpenAI takes, is a seed too.
         assert_eq!(
-            settings(r#"{"seed": -1}"#).options(&defaults, 500).seed,
+            settings(r#"{"seed": -1}"#)
+                .options(Endpoint::Chat, &defaults, 500)
+                .seed,
             u64::MAX
+        );
+        let most = r#"{"seed": 18446744073709551615}"#;
+        assert_eq!(
+            settings(most).options(Endpoint::Chat, &defaults, 500).seed,
+            u64::MAX
+        );
+        // A completion without a limit takes OpenAI's 16 tokens.
+        let completion = settings(r#"{"prompt": "x"}"#);
+        assert_eq!(
+            completion
+                .options(Endpoint::Completions, &defaults, 500)
+                .max_new_tokens,
+            16
         );
     }
 

@@ -49,6 +49,9 @@ pub struct ServeOptions {
     pub system: Option<String>,
     /// Which web pages may call the API from a browser.
     pub cors: Cors,
+    /// Host names answered besides loopback ones when the listener is on a loopback address
+    /// (as [`host_name`] gives them).
+    pub allowed_hosts: Vec<String>,
 }
 
 /// Which web pages' scripts a browser lets read the API's answers and send it JSON requests
@@ -212,8 +215,19 @@ pub fn serve(
         Some(cors) => router.layer(cors),
         None => router,
     };
-    let router = match opts.listener.local_addr()?.ip().is_loopback() {
-        true => router.layer(axum::middleware::from_fn(loopback_host)),
+    let loopback = opts.listener.local_addr()?.ip().is_loopback();
+    if !loopback && !opts.allowed_hosts.is_empty() {
+        eprintln!(
+            "cascade: warning: --allow-host changes nothing: the server listens on {}, not a \
+             loopback address, and answers every host name",
+            opts.listener.local_addr()?.ip()
+        );
+    }
+    let router = match loopback {
+        true => router.layer(axum::middleware::from_fn_with_state(
+            Arc::new(opts.allowed_hosts.clone()),
+            loopback_host,
+        )),
         false => router,
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -339,21 +353,27 @@ async fn completions(State(app): State<Arc<App>>, headers: HeaderMap, body: Body
     }
 }
 
-/// A server bound to a loopback address answers only requests addressed to a loopback name
-/// (`Host`), as Ollama's does: a web page whose own host name its DNS turns into 127.0.0.1
+/// A server bound to a loopback address answers only requests addressed to a local name
+/// ([`is_local_name`]), as Ollama's does: a web page whose own host name its DNS turns into 127.0.0.1
 /// (DNS rebinding) would otherwise be the server's origin, and read its answers.
-async fn loopback_host(request: axum::extract::Request, next: axum::middleware::Next) -> Response {
+/// Names given with `--allow-host` pass too (a reverse proxy's that passes its own on).
+async fn loopback_host(
+    State(allowed): State<Arc<Vec<String>>>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
     let host = request
         .headers()
         .get(axum::http::header::HOST)
         .map(|v| v.to_str().unwrap_or("?"));
-    match host.is_none_or(is_loopback_name) {
+    match host.is_none_or(|h| is_local_name(h, &allowed)) {
         true => next.run(request).await,
         false => ApiError::new(
             StatusCode::FORBIDDEN,
             format!(
-                "this server listens on a loopback address and answers requests to localhost \
-                 or a loopback address only, not to `{}`",
+                "this server listens on a loopback address and answers requests to an IP \
+                 address, localhost or this machine's name only, not to `{}` (`cascade serve \
+                 --allow-host NAME` answers another name, such as a reverse proxy's)",
                 host.unwrap_or_default()
             ),
         )
@@ -361,20 +381,36 @@ async fn loopback_host(request: axum::extract::Request, next: axum::middleware::
     }
 }
 
-/// Whether a `Host` header names this machine's loopback: `localhost` (or a name under it),
-/// or a loopback address, with or without a port.
-fn is_loopback_name(host: &str) -> bool {
+/// Whether a `Host` header may reach a server on a loopback address: an IP address (a page
+/// whose origin is an address has no DNS to rebind), `localhost` or a name under it, this
+/// machine's name, or one of `allowed`; with or without a port.
+fn is_local_name(host: &str, allowed: &[String]) -> bool {
+    let name = host_name(host);
+    name == "localhost"
+        || name.ends_with(".localhost")
+        || name.parse::<std::net::IpAddr>().is_ok()
+        || allowed.contains(&name)
+        || machine_name().is_some_and(|m| m == name)
+}
+
+/// The name a `Host` header (or `--allow-host`) gives, lowercase, without a port, the
+/// brackets of an IPv6 address or a final dot.
+pub fn host_name(host: &str) -> String {
     let name = match host.strip_prefix('[') {
         Some(v6) => v6.split(']').next().unwrap_or(""),
         None => host.split(':').next().unwrap_or(""),
-    }
-    .to_ascii_lowercase();
-    let name = name.strip_suffix('.').unwrap_or(&name);
-    name == "localhost"
-        || name.ends_with(".localhost")
-        || name
-            .parse::<std::net::IpAddr>()
-            .is_ok_and(|ip| ip.is_loopback())
+    };
+    name.strip_suffix('.').unwrap_or(name).to_ascii_lowercase()
+}
+
+/// This machine's host name (which its own resolver maps to a local address).
+fn machine_name() -> Option<&'static str> {
+    static NAME: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
+    NAME.get_or_init(|| {
+        let name = std::fs::read_to_string("/proc/sys/kernel/hostname").ok()?;
+        Some(host_name(name.trim())).filter(|n| !n.is_empty())
+    })
+    .as_deref()
 }
 
 /// A request body must be declared JSON, as OpenAI's clients declare it: a web page's script
@@ -547,7 +583,7 @@ async fn respond(
         settings: s,
     } = checked;
     let cancel = Arc::new(AtomicBool::new(false));
-    let mut opts = s.options(&app.defaults, app.context - prompt.len());
+    let mut opts = s.options(endpoint, &app.defaults, app.context - prompt.len());
     opts.cancel = Some(cancel.clone());
     let (events, rx) = unbounded_channel();
     let prompt_tokens = prompt.len();
@@ -682,7 +718,14 @@ fn stream(
     let (tx, sse) = unbounded_channel::<std::result::Result<Sse, Infallible>>();
     tokio::spawn(async move {
         let _guard = guard; // the client leaving drops `sse`, ends this task, cancels the job
-        let send = |v: Value| tx.send(Ok(Sse::default().data(v.to_string()))).is_ok();
+        let send = |mut v: Value| {
+            // With `include_usage`, every chunk carries `usage`, null until the last, as
+            // OpenAI's do.
+            if s.include_usage && v.get("choices").is_some() && v.get("usage").is_none() {
+                v["usage"] = Value::Null;
+            }
+            tx.send(Ok(Sse::default().data(v.to_string()))).is_ok()
+        };
         if head.endpoint == Endpoint::Chat {
             let opened = (0..s.n)
                 .map(|i| json!({"index": i, "delta": {"role": "assistant", "content": ""}, "finish_reason": null, "logprobs": null}))
@@ -793,7 +836,7 @@ fn origin(v: &str) -> Option<String> {
 
 #[cfg(test)]
 mod tests {
-    use super::{is_loopback_name, Cors};
+    use super::{host_name, is_local_name, Cors};
 
     fn parse(values: &[&str]) -> Result<Cors, String> {
         let values: Vec<String> = values.iter().map(|v| v.to_string()).collect();
@@ -801,7 +844,7 @@ mod tests {
     }
 
     #[test]
-    fn loopback_names_are_told_from_others() {
+    fn local_names_are_told_from_others() {
         for host in [
             "localhost",
             "LOCALHOST:8080",
@@ -811,19 +854,31 @@ mod tests {
             "a.localhost",
             "localhost.",
         ] {
-            assert!(is_loopback_name(host), "{host}");
+            assert!(is_local_name(host, &[]), "{host}");
+        }
+        // Addresses cannot be rebound: any address passes.
+        for host in [
+            "192.168.1.2:80",
+            "0.0.0.0:8080",
+            "[::ffff:127.0.0.1]:80",
+            "[::1]",
+        ] {
+            assert!(is_local_name(host, &[]), "{host}");
         }
         for host in [
             "evil.example",
             "evil.example:8080",
-            "192.168.1.2",
             "localhost.evil.example",
-            "[::2]",
+            "127.0.0.1.evil.example",
             "",
             "?",
         ] {
-            assert!(!is_loopback_name(host), "{host}");
+            assert!(!is_local_name(host, &[]), "{host}");
         }
+        // A name given with --allow-host, as `host_name` reads it.
+        let proxy = [host_name("Proxy.Example.:443")];
+        assert!(is_local_name("proxy.example:8080", &proxy));
+        assert!(!is_local_name("evil.example", &proxy));
     }
 
     #[test]

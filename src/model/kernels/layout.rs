@@ -85,11 +85,11 @@ pub(super) struct Q5_1 {
 /// A mirror of candle's block `C`, which [`view`] reads `C` as.
 ///
 /// # Safety
-/// `C` and `Self` are `#[repr(C)]` structs of integers (and arrays of them) without padding,
-/// so that every bit pattern of a `C` is a valid `Self`.
+/// `C` and `Self` are `#[repr(C)]` structs of plain data (integers, `f16`, arrays of bytes)
+/// without padding, so that every bit pattern of a `C` is a valid `Self`.
 pub(super) unsafe trait Mirror<C> {}
 
-// SAFETY: each mirror lists its candle block's fields, in order: integers and arrays of bytes.
+// SAFETY: each mirror lists its candle block's fields, in order, an `f16` as a `u16`.
 unsafe impl Mirror<BlockQ4K> for Q4K {}
 // SAFETY: as above.
 unsafe impl Mirror<BlockQ5K> for Q5K {}
