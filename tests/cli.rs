@@ -1464,3 +1464,30 @@ fn a_bench_leaves_a_max_gram_history_alone() {
     );
     assert!(!history.exists(), "the bench wrote the history");
 }
+
+/// An error met while the models load (here a drafter of another vocabulary) names the
+/// config, as a validation error does.
+#[test]
+fn an_error_building_the_engine_names_the_config() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = env!("CARGO_MANIFEST_DIR");
+    let config = dir.path().join("mismatch.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[target]\nmodel = \"{root}/models/smollm2-135m-instruct-q4_1.gguf\"\ndrafter = \"s\"\n\
+             [drafters.s]\nkind = \"model\"\nmodel = \"{root}/models/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf\"\n"
+        ),
+    )
+    .unwrap();
+    let (ok, _, err) = cascade(
+        &["generate", "-c", config.to_str().unwrap(), "-p", "Hi"],
+        None,
+    );
+    assert!(!ok);
+    let expected = format!(
+        "cascade: {}: vocabulary mismatch: drafter `s`",
+        config.display()
+    );
+    assert!(err.trim().starts_with(&expected), "{err}");
+}

@@ -265,7 +265,10 @@ pub fn run(
     }
     let mut engines: Vec<(String, Engine, GenerateOptions)> = Vec::new();
     let mut add = |label: &str, plan: &Plan, store: &mut ModelStore| -> Result<()> {
-        let engine = plan.build_with(store, &mut |_, _, _| {})?;
+        // Named by its config's label, one of several.
+        let engine = plan
+            .build_with(store, &mut |_, _, _| {})
+            .map_err(|e| Error::config(label, e.to_string()))?;
         engines.push((label.to_string(), engine, options(plan)));
         Ok(())
     };

@@ -172,7 +172,7 @@ pub fn generate(args: GenerateArgs) -> Result<()> {
         bail!("empty prompt: the message for the chat template is empty");
     }
     let mut store = ModelStore::default();
-    let mut engine = build(&plan, &mut store)?;
+    let mut engine = build(&args.config, &plan, &mut store)?;
     cascade::profile_reset(); // building may have measured forward costs
     let text = plan.prompt_text(
         &engine.tokenizer,

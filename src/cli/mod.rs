@@ -129,12 +129,15 @@ impl Steps {
     }
 }
 
-/// Builds `plan`'s engine, models loaded through `store`, with a progress bar.
-pub fn build(plan: &Plan, store: &mut ModelStore) -> Result<cascade::engine::Engine> {
+/// Builds `plan`'s engine, models loaded through `store`, with a progress bar; an error names
+/// the config `path`.
+pub fn build(path: &Path, plan: &Plan, store: &mut ModelStore) -> Result<cascade::engine::Engine> {
     let mut steps = Steps::new();
-    let engine = plan.build_with(store, &mut |what, done, total| {
-        steps.show(what, done, total)
-    })?;
+    let engine = plan
+        .build_with(store, &mut |what, done, total| {
+            steps.show(what, done, total)
+        })
+        .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
     steps.finish();
     Ok(engine)
 }

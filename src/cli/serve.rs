@@ -68,7 +68,7 @@ pub fn serve_command(args: ServeArgs) -> Result<()> {
     if plan.options.lenience != 1.0 {
         bail!("a server's output must be exactly the target's: lenience must be 1 at the target");
     }
-    let engine = build(&plan, &mut ModelStore::default())?;
+    let engine = build(&args.config, &plan, &mut ModelStore::default())?;
     let opts = ServeOptions {
         listener,
         queue: args.queue,
