@@ -874,6 +874,24 @@ fn llama_3_pre_tokenizer_is_recognized_by_llama_cpp_name() {
 /// SmolLM2's (`smollm`: every digit apart, then GPT-2's split, with no space added before the
 /// text, which candle's fallback added); and decoding gives the text back.
 #[test]
+fn an_unused_tokens_text_is_text() {
+    // Qwen's GGUF marks ids 151665.. unused (type 5); candle would make each a special token
+    // that text matches. transformers 4.53 encodes the text as these ids.
+    for file in [TARGET, DRAFT] {
+        let t = cascade::tokenizer::Tokenizer::from_file(&common::models_dir().join(file)).unwrap();
+        let ids = t.encode_plain("x[PAD151700]y").unwrap();
+        assert_eq!(
+            ids,
+            [87, 42347, 1808, 16, 20, 16, 22, 15, 15, 60, 88],
+            "{file}"
+        );
+        assert_eq!(t.decode(&ids).unwrap(), "x[PAD151700]y");
+        // Control tokens are still read as such.
+        assert_eq!(t.encode_plain("<|im_end|>").unwrap(), [151645], "{file}");
+    }
+}
+
+#[test]
 fn byte_level_tokenizers_give_llama_cpp_ids_and_decode_back() {
     const TEXTS: [&str; 9] = [
         "Count: 12345 apples, isn't it?",

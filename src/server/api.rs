@@ -119,6 +119,10 @@ pub struct Message {
     pub role: String,
     /// `null` in an assistant turn that only called tools, as clients replay it.
     pub content: Option<Content>,
+    /// An assistant turn's tool calls: refused unless empty (this server takes no tools, and
+    /// dropping them would render another conversation than the one sent).
+    #[serde(default)]
+    pub tool_calls: Option<Value>,
 }
 
 /// Any 64-bit integer, as OpenAI takes it, or an unsigned one as the CLI and configs take it
@@ -515,6 +519,15 @@ impl ChatRequest {
                         ))
                     }
                 };
+                if m.tool_calls
+                    .as_ref()
+                    .is_some_and(|c| c.as_array().is_none_or(|a| !a.is_empty()))
+                {
+                    return Err(ApiError::invalid(
+                        &format!("messages[{i}].tool_calls"),
+                        "not supported by this server (it takes no tools)",
+                    ));
+                }
                 let at = format!("messages[{i}].content");
                 let content = match &m.content {
                     Some(c) => c.text(&at)?,
@@ -693,6 +706,15 @@ mod tests {
             turns(no_text),
             Err("messages[0].content[0].text: a text part needs its `text`".into())
         );
+        let calls = serde_json::json!({"messages": [{"role": "assistant", "content": null,
+            "tool_calls": [{"id": "1", "type": "function"}]}]});
+        assert_eq!(
+            turns(calls),
+            Err("messages[0].tool_calls: not supported by this server (it takes no tools)".into())
+        );
+        let none = serde_json::json!({"messages": [{"role": "assistant", "content": "a",
+            "tool_calls": []}, {"role": "user", "content": "b", "tool_calls": null}]});
+        assert!(turns(none).is_ok());
         let null = serde_json::json!({"messages": [{"role": "user", "content": null}]});
         assert_eq!(
             turns(null),

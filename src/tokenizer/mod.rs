@@ -245,6 +245,11 @@ fn split(pre: &str) -> Option<Split> {
 
 /// The byte-level BPE tokenizer of a GGUF (`tokenizer.ggml.model = gpt2`), split as its
 /// `tokenizer.ggml.pre` says.
+/// The GGUF key of the tokens' types (`llama_token_type`).
+const TYPES: &str = "tokenizer.ggml.token_type";
+/// The type of a token no text should produce.
+const UNUSED: i64 = 5;
+
 fn byte_level_bpe(gguf: &GgufFile<'_>) -> Result<tokenizers::Tokenizer> {
     use tokenizers::pre_tokenizers::{byte_level::ByteLevel, digits::Digits, sequence::Sequence};
     const KEY: &str = "tokenizer.ggml.pre";
@@ -269,22 +274,45 @@ fn byte_level_bpe(gguf: &GgufFile<'_>) -> Result<tokenizers::Tokenizer> {
              give the model's tokenizer.json (`tokenizer = ...` in the config)"
         ))
     })?;
-    // candle reads the pre-tokenizer by its own name; a copy of the metadata carries it.
-    let renamed = match split {
+    // What candle reads differently, in a copy of the metadata: the pre-tokenizer by its own
+    // name, and unused tokens (type 5, Qwen's 271 `[PAD151665]`...) as normal ones. candle
+    // registers every non-normal token as special, which text then matches: `[PAD151700]` in
+    // a message would become that untrained token, where transformers and llama.cpp read it
+    // as text.
+    let c = &gguf.content;
+    let mut metadata = std::borrow::Cow::Borrowed(&c.metadata);
+    match split {
         Split::Candle(name) if name != pre => {
-            let c = &gguf.content;
-            let mut metadata = c.metadata.clone();
-            metadata.insert(KEY.into(), Value::String(name.into()));
-            Some(Content {
-                magic: c.magic,
-                metadata,
-                tensor_infos: Default::default(),
-                tensor_data_offset: c.tensor_data_offset,
-            })
+            let name = Value::String(name.into());
+            metadata.to_mut().insert(KEY.into(), name);
         }
-        _ => None,
+        _ => {}
+    }
+    if let Some(Value::Array(types)) = c.metadata.get(TYPES) {
+        if types
+            .iter()
+            .any(|t| sentencepiece::integer(t) == Some(UNUSED))
+        {
+            let normal = types
+                .iter()
+                .map(|t| match sentencepiece::integer(t) == Some(UNUSED) {
+                    true => Value::I32(1),
+                    false => t.clone(),
+                })
+                .collect();
+            metadata.to_mut().insert(TYPES.into(), Value::Array(normal));
+        }
+    }
+    let copy = match metadata {
+        std::borrow::Cow::Borrowed(_) => None,
+        std::borrow::Cow::Owned(metadata) => Some(Content {
+            magic: c.magic,
+            metadata,
+            tensor_infos: Default::default(),
+            tensor_data_offset: c.tensor_data_offset,
+        }),
     };
-    let mut t = tokenizers::Tokenizer::from_gguf(renamed.as_ref().unwrap_or(&gguf.content))
+    let mut t = tokenizers::Tokenizer::from_gguf(copy.as_ref().unwrap_or(c))
         .map_err(|e| fail(Error::candle_message(e)))?;
     // GPT-2's regular expression, without the space candle's fallback adds.
     let gpt2 = ByteLevel::new(false, true, true);
@@ -305,7 +333,7 @@ fn byte_level_bpe(gguf: &GgufFile<'_>) -> Result<tokenizers::Tokenizer> {
 
 /// The ids a GGUF marks user-defined (sorted).
 fn user_defined(gguf: &GgufFile<'_>) -> Vec<u32> {
-    match gguf.get("tokenizer.ggml.token_type") {
+    match gguf.get(TYPES) {
         Some(candle_core::quantized::gguf_file::Value::Array(types)) => (0u32..)
             .zip(types)
             .filter(|(_, t)| sentencepiece::integer(t) == Some(sentencepiece::USER_DEFINED))
