@@ -1165,8 +1165,8 @@ fn a_special_token_id_outside_the_vocabulary_is_named() {
     );
 }
 
-/// The command line prints one line naming the file, exits 1, and shows no backtrace even
-/// with RUST_BACKTRACE set.
+/// The command line prints one line naming the config and the file, exits 1, and shows no
+/// backtrace even with RUST_BACKTRACE set.
 #[test]
 fn the_cli_reports_a_bad_model_in_one_line() {
     let (dir, path) = smollm2_with("llama.attention.head_count", 0);
@@ -1183,7 +1183,8 @@ fn the_cli_reports_a_bad_model_in_one_line() {
     assert_eq!(
         last,
         format!(
-            "cascade: cannot read GGUF file {}: metadata `llama.attention.head_count` is 0, expected 1 to 1024",
+            "cascade: {}: cannot read GGUF file {}: metadata `llama.attention.head_count` is 0, expected 1 to 1024",
+            config.display(),
             path.display()
         )
     );
