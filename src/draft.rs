@@ -185,9 +185,11 @@ impl<'a> Request<'a> {
 
     /// Asks to propose one more token, with the drafter's `confidence` in it (a probability-like
     /// score in [0, 1] that grows with the chance of acceptance, computed before the token is
-    /// sampled; `None` if the drafter has none). Returns false when the draft should stop here.
+    /// sampled; `None` if the drafter has none). Returns false when the draft should stop here,
+    /// and from then on: a position the gate declined ends the draft, as the gate's plan of the
+    /// round assumes.
     pub fn admit(&mut self, confidence: Option<f32>) -> bool {
-        if self.used >= self.cap {
+        if self.used >= self.cap || self.declined {
             return false;
         }
         if !self.gate.admit(&self.source, confidence) {
@@ -442,7 +444,9 @@ pub(crate) fn propose_ending(
 /// One draft of up to `k` tokens (at most [`MAX_DRAFT`](crate::config::MAX_DRAFT), as in a
 /// config) from `drafter` with a fixed-length gate, held to the contract for a reviewer of
 /// `vocab` tokens: for a library user trying a drafter on its own. Returns the drafter's errors
-/// and contract violations.
+/// and contract violations. It asks for one draft only: it does not call
+/// [`Drafter::start`] or [`Drafter::commit`], which a generation calls around its drafts
+/// (a drafter that reads the text there should be started on `context` first).
 pub fn try_propose(
     drafter: &mut dyn Drafter,
     context: &[u32],

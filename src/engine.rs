@@ -103,7 +103,8 @@ pub struct Stats {
     pub target_calls: usize,
     /// Tokens drafted for the target's review.
     pub drafted: usize,
-    /// Drafted tokens the target accepted.
+    /// Drafted tokens the target accepted (a round cut by a stop string counts those its review
+    /// kept after the cut too: the counters measure the drafts).
     pub accepted: usize,
     /// The target's reviews by draft position (one per round).
     #[serde(flatten)]
@@ -189,7 +190,8 @@ pub struct Generation {
     /// Generated token ids (not the end-of-sequence token that ended the generation, if one did;
     /// those of a stop string, which `text` leaves out, included).
     pub tokens: Vec<u32>,
-    /// The generated text, cut before a stop string.
+    /// The generated text, cut before a stop string (and before a character the generation
+    /// cut off in the middle: half a character is no text).
     pub text: String,
     /// Why generation ended.
     pub finish_reason: FinishReason,
@@ -286,10 +288,15 @@ impl Engine {
         on_text: &mut dyn FnMut(&str),
     ) -> Result<Generation> {
         opts.sampling.validate()?;
-        if !(opts.lenience >= 1.0 && opts.lenience.is_finite()) {
+        crate::review::check_lenience("lenience", opts.lenience)?;
+        if opts.k > crate::config::MAX_DRAFT {
             return Err(Error::config(
-                "lenience",
-                format!("must be a finite number >= 1, got {}", opts.lenience),
+                "k",
+                format!(
+                    "must be at most {} (tokens drafted per target call), got {}",
+                    crate::config::MAX_DRAFT,
+                    opts.k
+                ),
             ));
         }
         if prompt.is_empty() {

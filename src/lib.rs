@@ -68,10 +68,17 @@ pub mod theory;
 pub mod tokenizer;
 mod vecmath;
 
+/// The `candle-core` this crate computes with, at this version: for a plug-in
+/// [`model::Model`] written with candle, and [`Error::candle_message`].
+pub use candle_core;
 pub use error::{Error, Result};
 /// The `rand` this crate draws with: a plug-in drafter that samples from a round's
 /// [`sampling::Rng`] needs its traits (`use cascade::rand::Rng as _;`), at this version.
 pub use rand;
+/// The `tokenizers` of [`tokenizer::Tokenizer::from_parts`].
+pub use tokenizers;
+/// The `toml` of [`config::PluginContext::table`]: a plug-in reads its table's values with it.
+pub use toml;
 
 /// Forward time by section, when `CASCADE_PROFILE=1` (otherwise `None`).
 pub fn profile_report() -> Option<String> {

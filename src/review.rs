@@ -21,6 +21,21 @@ use crate::vecmath;
 use rand::Rng as _;
 use serde::{Deserialize, Serialize};
 
+/// Checks a lenience given at `at` (a TOML path, or the review it is for): a finite number of
+/// at least 1. NaN would reject every token while the distribution a cascade reports still
+/// reads as its drafter's, and an infinite one misstates it wherever top-k or top-p zero a
+/// probability: either would bias the level above without an error.
+pub fn check_lenience(at: impl std::fmt::Display, lenience: f32) -> crate::error::Result<()> {
+    if lenience >= 1.0 && lenience.is_finite() {
+        Ok(())
+    } else {
+        Err(crate::error::Error::config(
+            at.to_string(),
+            format!("must be a finite number >= 1, got {lenience}"),
+        ))
+    }
+}
+
 /// What a review decided: the first `accepted` draft tokens are kept, then `next` follows
 /// (the recovered token after a rejection, or the bonus token when all were kept).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -214,6 +214,11 @@ impl Reviewer {
         rng: &mut Rng,
         emit: bool,
     ) -> Result<Round> {
+        // A cascade built in code has not been through a config's validation.
+        crate::review::check_lenience(
+            format_args!("lenience of the review by `{}`", self.model().name()),
+            self.lenience,
+        )?;
         self.sampled = !sampling.is_greedy();
         let mut gate = match self.adaptive() {
             Some(a) => Gate::adaptive_at(a.clone(), self.model.behind(context), context.len()),

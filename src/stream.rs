@@ -34,7 +34,10 @@ impl<'a> TextStream<'a> {
     /// empty stop string is an error (it would stop before any text).
     pub fn new(tokenizer: &'a Tokenizer, stop: &'a [String]) -> Result<Self> {
         if stop.iter().any(String::is_empty) {
-            return Err(Error::Sampling("a stop string is empty".into()));
+            return Err(Error::config(
+                "stop",
+                "a stop string is empty (it would stop before any text)",
+            ));
         }
         let matcher = (!stop.is_empty()).then(|| {
             AhoCorasick::builder()
@@ -124,9 +127,9 @@ impl<'a> TextStream<'a> {
         self.read = read;
     }
 
-    /// Text that became final since the last call. With `finished`, everything left
-    /// (a dangling partial character included, as the replacement character), cut before a
-    /// stop string: a token held back as half a character may hold a whole one before it.
+    /// Text that became final since the last call. With `finished`, everything left but a
+    /// character the generation cut off in the middle, cut before a stop string: a token held
+    /// back as half a character may hold a whole one before it.
     pub fn take_final(&mut self, finished: bool) -> &str {
         if finished && self.read < self.ids.len() {
             let before = self
@@ -137,7 +140,10 @@ impl<'a> TextStream<'a> {
                 .tokenizer
                 .decode(&self.ids[self.prefix..])
                 .unwrap_or_default();
-            self.release(&before, &now, self.ids.len());
+            // Half a character is no text: its bytes, decoded as replacement characters (one
+            // or one per byte, by tokenizer), stay in the tokens only.
+            let now = now.trim_end_matches('\u{FFFD}');
+            self.release(&before, now, self.ids.len());
             self.cut_at_stop();
         }
         let mut end = self.text.len();

@@ -1491,3 +1491,36 @@ fn an_error_building_the_engine_names_the_config() {
     );
     assert!(err.trim().starts_with(&expected), "{err}");
 }
+
+/// Values that begin with a hyphen (a Markdown rule as a stop string, a prompt starting with a
+/// negative number or a list item) are values, not flags.
+#[test]
+fn text_values_may_begin_with_a_hyphen() {
+    let _s = serial();
+    let args = [
+        "generate",
+        "-c",
+        "configs/autoregressive.toml",
+        "--no-chat",
+        "-n",
+        "2",
+        "-p",
+        "-5 plus 3 is",
+        "--stop",
+        "---",
+        "--stop",
+        "-->",
+        "--json",
+    ];
+    let (ok, out, err) = cascade(&args, None);
+    assert!(ok, "{err}");
+    let doc: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let prompt: Vec<u64> = doc["prompt_tokens"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t.as_u64().unwrap())
+        .collect();
+    // The prompt is the text given, not the flag-looking start of it: 5 tokens or so.
+    assert!((3..=8).contains(&prompt.len()), "{prompt:?}");
+}

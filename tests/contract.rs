@@ -596,3 +596,41 @@ fn a_draft_is_cut_after_a_token_that_ends_the_generation() {
         }
     }
 }
+
+/// What a config would refuse, the engine refuses too, for a program that builds its options
+/// or its cascades in code: a draft length above the bound, and a lenience other than a finite
+/// number of at least 1 at any review (NaN rejected every token while the cascade reported its
+/// drafter's distribution: the level above reviewed against the wrong one, without an error).
+#[test]
+fn settings_out_of_range_are_refused_without_a_config() {
+    let neural = || Box::new(NeuralDrafter::new("n", toy()));
+    let mut e = Engine::new(toy(), Some(neural()), toy_tokenizer(VOCAB));
+    let opts = GenerateOptions {
+        k: 65,
+        ..Default::default()
+    };
+    assert_eq!(
+        e.generate(&[1, 2], &opts, &mut |_| {})
+            .unwrap_err()
+            .to_string(),
+        "k: must be at most 64 (tokens drafted per target call), got 65"
+    );
+    let sampled = GenerateOptions {
+        sampling: Sampling {
+            temperature: 1.0,
+            top_k: 0,
+            top_p: 1.0,
+        },
+        ..Default::default()
+    };
+    for l in [f32::NAN, f32::INFINITY, 0.5] {
+        let cascade = VerticalCascade::new("v", toy(), neural(), 3, l);
+        let mut e = Engine::new(toy(), Some(Box::new(cascade)), toy_tokenizer(VOCAB));
+        assert_eq!(
+            e.generate(&[1, 2], &sampled, &mut |_| {})
+                .unwrap_err()
+                .to_string(),
+            format!("lenience of the review by `toy`: must be a finite number >= 1, got {l}")
+        );
+    }
+}

@@ -3,9 +3,10 @@
 //! On synthetic models with exactly computable distributions, generations are sampled many
 //! times with speculative decoding, and each pair of successive tokens through the first round
 //! (its K drafted positions and the bonus or recovered token) and into the next is compared
-//! with the target's exact joint distribution by a chi-square test. Each test's false-alarm
-//! rate is 1e-4 over all its pairs (Bonferroni; critical values from the Wilson-Hilferty
-//! approximation); seeds are fixed, so results are stable. Broken review rules (no residual,
+//! with the target's exact joint distribution by a chi-square test. Each comparison (one
+//! configuration, all its pairs) has a false-alarm rate of 1e-4 (Bonferroni over the pairs;
+//! critical values from the Wilson-Hilferty approximation), so a test of m comparisons has at
+//! most m x 1e-4; seeds are fixed, so results are stable. Broken review rules (no residual,
 //! the bonus or the residual from the wrong row, p and q swapped) must fail the same test.
 
 mod common;
@@ -29,7 +30,7 @@ use std::sync::Arc;
 const VOCAB: usize = 6;
 const SAMPLES: u64 = 20_000;
 const PROMPT: [u32; 3] = [1, 4, 2];
-/// Each test's false-alarm rate, over all the pairs it compares.
+/// Each comparison's false-alarm rate, over all the pairs it compares.
 const FALSE_ALARM: f64 = 1e-4;
 
 fn target() -> ToyModel {
@@ -577,6 +578,69 @@ fn statistical_drafters_keep_the_target_distribution() {
             Err(err) => panic!("{label}: {err}"),
         }
     }
+}
+
+/// Lenient reviews of a deterministic drafter (point masses) and of a sampling one (sparse
+/// distributions), top-k together with lenience, and a fixed horizontal schedule mixing a
+/// draft model with Max-Gram: each keeps the target's distribution.
+#[test]
+fn lenient_reviews_of_statistical_drafters_and_fixed_schedules_keep_the_target_distribution() {
+    let policy = MaxGramPolicy {
+        max_ngram: 4,
+        min_match: 1,
+        bigram_tokens: 4,
+        ..Default::default()
+    };
+    let mag =
+        || -> Box<dyn Drafter> { Box::new(MaxGramDrafter::new("mag", policy, Some(toy_table()))) };
+    let lenient = |inner: Box<dyn Drafter>| -> Box<dyn Drafter> {
+        let reviewer = Box::new(ToyModel::new(33, VOCAB, 3.0));
+        Box::new(VerticalCascade::new("r", reviewer, inner, 3, 2.0))
+    };
+    let schedule = || -> Box<dyn Drafter> {
+        let model: Box<dyn Drafter> = Box::new(NeuralDrafter::new("d", Box::new(drafter())));
+        Box::new(HorizontalCascade::new("h", vec![(model, 2), (mag(), 2)]))
+    };
+    let s = |temperature, top_k, top_p| Sampling {
+        temperature,
+        top_k,
+        top_p,
+    };
+    let (top_k, nucleus) = (s(0.7, 3, 1.0), s(1.0, 0, 0.8));
+    let sampled_bigrams = || Box::new(BigramDrafter::new("bigram", toy_table(), true));
+    let cases: Vec<(&str, Sampling, Box<dyn Drafter>)> = vec![
+        (
+            "a lenient review of Max-Gram, top-k 3",
+            top_k,
+            lenient(mag()),
+        ),
+        (
+            "a lenient review of Max-Gram, top-p 0.8",
+            nucleus,
+            lenient(mag()),
+        ),
+        (
+            "a lenient review of sampled bigrams, top-k 3",
+            top_k,
+            lenient(sampled_bigrams()),
+        ),
+        ("the draft model then Max-Gram, top-k 3", top_k, schedule()),
+        (
+            "the draft model then Max-Gram, top-p 0.8",
+            nucleus,
+            schedule(),
+        ),
+    ];
+    let mut failures = Vec::new();
+    for (label, s, d) in cases {
+        let mut e = engine_with(d, None);
+        let counts = sampled_with(&mut e, &s, 4, (0.05, 0.95));
+        match fit(&exact(&s, 4), &counts) {
+            Ok(stat) => eprintln!("{label}: chi-square {stat:.1}"),
+            Err(err) => failures.push(format!("{label}: {err}")),
+        }
+    }
+    assert!(failures.is_empty(), "{failures:#?}");
 }
 
 /// Two reviewers over an innermost neural drafter, lenience `l` at both inner reviews:

@@ -796,6 +796,18 @@ fn a_stream_holds_back_at_most_a_few_tokens() {
         streamed += s.take_final(true);
         assert_eq!(streamed, "é h", "after {controls} control tokens");
     }
+    // A generation cut off in the middle of a character ends before it: half a character is
+    // no text (its bytes stay in the tokens).
+    let mut ids = t.encode_plain("naïve x").unwrap();
+    ids.push(lead);
+    let mut s = TextStream::new(t, &[]).unwrap();
+    let mut streamed = String::new();
+    for &id in &ids {
+        s.push(id).unwrap();
+        streamed += s.take_final(false);
+    }
+    streamed += s.take_final(true);
+    assert_eq!((streamed.as_str(), s.text()), ("naïve x", "naïve x"));
     // A stop string found by an early release of invalid bytes ends the text there, though
     // tokens after it were pending: here the stop string ends in a token that also begins a
     // character, control tokens follow, then a byte that cannot continue that character.

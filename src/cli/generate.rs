@@ -21,7 +21,12 @@ pub struct GenerateArgs {
     #[arg(short, long, default_value = "configs/adaptive.toml")]
     config: PathBuf,
     /// The prompt text (else --prompt-file, else standard input).
-    #[arg(short, long, conflicts_with = "prompt_file")]
+    #[arg(
+        short,
+        long,
+        conflicts_with = "prompt_file",
+        allow_hyphen_values = true
+    )]
     prompt: Option<String>,
     /// Read the prompt from this file.
     #[arg(long)]
@@ -47,11 +52,11 @@ pub struct GenerateArgs {
     #[arg(long)]
     no_chat: bool,
     /// System message for the chat template.
-    #[arg(long)]
+    #[arg(long, allow_hyphen_values = true)]
     system: Option<String>,
     /// Stop when this text appears (repeatable; replaces the config's stop strings); the
     /// output ends before it.
-    #[arg(long)]
+    #[arg(long, allow_hyphen_values = true)]
     stop: Vec<String>,
     /// Keep generating past end-of-sequence tokens (for long-run measurements).
     #[arg(long)]

@@ -277,7 +277,7 @@ impl RawConfig {
             MAX_DRAFT,
             "tokens drafted per target call",
         )?;
-        check_lenience("target.lenience", t.lenience)?;
+        crate::review::check_lenience("target.lenience", t.lenience)?;
         if t.lenience != 1.0 && !t.allow_inexact {
             return Err(Error::config(
                 "target.lenience",
@@ -430,17 +430,6 @@ fn in_range(at: &str, value: usize, lo: usize, hi: usize, what: &str) -> Result<
         Err(Error::config(
             at,
             format!("must be between {lo} and {hi} ({what}), got {value}"),
-        ))
-    }
-}
-
-fn check_lenience(at: &str, l: f32) -> Result<()> {
-    if l >= 1.0 && l.is_finite() {
-        Ok(())
-    } else {
-        Err(Error::config(
-            at,
-            format!("must be a finite number >= 1, got {l}"),
         ))
     }
 }
@@ -661,7 +650,7 @@ impl Validator<'_> {
                     MAX_DRAFT,
                     "tokens asked of the inner drafter",
                 )?;
-                check_lenience(&format!("{here}.lenience"), *lenience)?;
+                crate::review::check_lenience(format_args!("{here}.lenience"), *lenience)?;
                 DrafterPlan::Vertical {
                     reviewer: self.model(
                         reviewer,
@@ -736,7 +725,7 @@ impl Validator<'_> {
                 last_k,
                 lenience,
             } => {
-                check_lenience(&format!("{here}.lenience"), *lenience)?;
+                crate::review::check_lenience(format_args!("{here}.lenience"), *lenience)?;
                 in_range(&format!("{here}.last_k"), *last_k, 1, MAX_DRAFT, "tokens")?;
                 let models = reviewers
                     .iter()

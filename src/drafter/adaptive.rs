@@ -190,6 +190,22 @@ mod tests {
         assert_eq!((draft.len(), calls.load(Ordering::Relaxed)), (2, 1));
     }
 
+    /// A refusal ends the draft: asked again, even with a sure token, the request refuses (the
+    /// gate's plan of the round ends at the declined position, and what it learns from the
+    /// review pairs its positions with the draft's).
+    #[test]
+    fn a_request_refuses_every_position_after_a_declined_one() {
+        let mut gate = Gate::adaptive(Adaptive::new(verify()));
+        let (sampling, mut rng) = (Sampling::default(), Rng::seed_from_u64(1));
+        let mut request = Request::new(&sampling, &mut rng, &mut gate, "a".into(), 8, 4);
+        let asked: Vec<bool> = [0.99, 0.01, 0.99, 0.99]
+            .into_iter()
+            .map(|c| request.admit(Some(c)))
+            .collect();
+        assert_eq!(asked, [true, false, false, false]);
+        assert_eq!((request.admitted(), request.declined()), (1, true));
+    }
+
     /// The same through a cascade nested in another (a server's prediction ahead of the
     /// config's adaptive cascade): the inner cascade's decline reaches the outer one, which
     /// does not ask it again where it stopped.

@@ -152,6 +152,13 @@ impl SyncedModel {
         feed.extend_from_slice(draft);
         let logits = self.model.forward(&self.readable(&feed))?;
         let vocab = self.model.vocab_size();
+        if vocab == 0 {
+            self.model.truncate(from);
+            return Err(Error::Compute(format!(
+                "`{}` reports a vocabulary of 0 tokens",
+                self.model.name()
+            )));
+        }
         if logits.vocab() != vocab || logits.values().len() != feed.len() * vocab {
             // A plug-in model's mistake: an error here, not an index out of bounds later.
             self.model.truncate(from);
@@ -373,6 +380,41 @@ mod tests {
         };
         m.prepare_with(&prompt, &mut report).unwrap();
         assert!(seen.is_empty());
+    }
+
+    /// A plug-in model of no vocabulary is an error at its first scoring, not a division by
+    /// zero in the checks after it.
+    #[test]
+    fn a_model_of_no_vocabulary_is_an_error() {
+        struct Empty(usize);
+        impl Model for Empty {
+            fn name(&self) -> &str {
+                "empty"
+            }
+            fn forward(&mut self, tokens: &[u32]) -> Result<Logits> {
+                self.0 += tokens.len();
+                Ok(Logits::new(Vec::new(), 0))
+            }
+            fn len(&self) -> usize {
+                self.0
+            }
+            fn truncate(&mut self, len: usize) {
+                self.0 = self.0.min(len)
+            }
+            fn vocab_size(&self) -> usize {
+                0
+            }
+            fn max_len(&self) -> usize {
+                64
+            }
+        }
+        let mut m = SyncedModel::new(Box::new(Empty(0)));
+        let e = m.score(&[1, 2, 3], &[4]).unwrap_err().to_string();
+        assert_eq!(
+            e,
+            "model computation failed: `empty` reports a vocabulary of 0 tokens"
+        );
+        assert_eq!((m.model().len(), m.fed.len()), (0, 0));
     }
 
     #[test]
