@@ -1524,3 +1524,65 @@ fn text_values_may_begin_with_a_hyphen() {
     // The prompt is the text given, not the flag-looking start of it: 5 tokens or so.
     assert!((3..=8).contains(&prompt.len()), "{prompt:?}");
 }
+
+/// Ctrl-C stops a generation where it is: the text so far, then the summary (or the JSON
+/// document), and status 1, so that a script tells it from a generation that finished.
+#[test]
+fn an_interrupted_generation_reports_what_came_out_and_fails() {
+    use std::io::{BufRead, BufReader, Read};
+    let _s = serial();
+    let spawn = |json: bool| {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_cascade"));
+        c.args(["generate", "-c", "configs/autoregressive.toml", "--no-chat"])
+            .args(["-n", "4000", "--ignore-eos", "-p", "1, 2, 3,"])
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        if json {
+            // A line per round on standard error: the generation has begun.
+            c.arg("--json").env("CASCADE_TRACE", "1");
+        }
+        c.spawn().unwrap()
+    };
+    let interrupt = |child: &std::process::Child| {
+        // SAFETY: a signal to the child, which has not been waited for, so its id is its own.
+        unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGINT) };
+    };
+    // Streamed text: interrupted once some has come out.
+    let mut child = spawn(false);
+    let mut stdout = child.stdout.take().unwrap();
+    let mut first = [0u8; 1];
+    stdout.read_exact(&mut first).unwrap();
+    interrupt(&child);
+    let mut text = first.to_vec();
+    stdout.read_to_end(&mut text).unwrap();
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(text.len() > 1 && text.ends_with(b"\n"), "{text:?}");
+    assert!(err.contains("(cancelled)"), "{err}");
+    assert_eq!(
+        err.trim_end().lines().last(),
+        Some("cascade: interrupted: the generation stopped at Ctrl-C (finish reason `cancelled`)")
+    );
+    // The JSON document, with what was generated.
+    let mut child = spawn(true);
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    let round = lines
+        .by_ref()
+        .map(Result::unwrap)
+        .find(|l| l.starts_with("round"));
+    assert!(
+        round.is_some(),
+        "the generation ended before its first round"
+    );
+    interrupt(&child);
+    let rest: Vec<String> = lines.map(Result::unwrap).collect();
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(1), "{rest:?}");
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let sample = &doc["samples"][0];
+    assert_eq!(sample["finish_reason"], "cancelled", "{sample}");
+    let tokens = sample["tokens"].as_array().unwrap().len();
+    assert!((1..4000).contains(&tokens), "{tokens}");
+}

@@ -185,12 +185,25 @@ pub fn generate(args: GenerateArgs) -> Result<()> {
     )?;
     let prompt = engine.tokenizer.encode(&text)?;
     let mut samples: Vec<(u64, Generation)> = Vec::new();
-    // A failed write to standard output (a full disk) ends the generation.
-    let stdout_failed = Arc::new(AtomicBool::new(false));
+    // A failed write to standard output (a full disk) ends the generation, and so does
+    // Ctrl-C, after which what came out is reported as usual (a second one exits at once).
+    let stop = Arc::new(AtomicBool::new(false));
+    let interrupted = Arc::new(AtomicBool::new(false));
+    let (flag, pressed) = (stop.clone(), interrupted.clone());
+    ctrlc::set_handler(move || {
+        if pressed.swap(true, Ordering::Relaxed) {
+            eprintln!("\ncascade: interrupted twice: exiting now");
+            std::process::exit(130);
+        }
+        flag.store(true, Ordering::Relaxed);
+    })?;
     for i in 0..args.num_samples as u64 {
+        if interrupted.load(Ordering::Relaxed) {
+            break;
+        }
         let mut opts = plan.options.clone();
         opts.seed = opts.seed.wrapping_add(i);
-        opts.cancel = Some(stdout_failed.clone());
+        opts.cancel = Some(stop.clone());
         if args.compare {
             // Compared with decoding that reads the prompt whole: so does every sample.
             engine.forget();
@@ -216,7 +229,7 @@ pub fn generate(args: GenerateArgs) -> Result<()> {
                         .and_then(|()| stdout.flush())
                     {
                         write_error = Some(e);
-                        stdout_failed.store(true, Ordering::Relaxed);
+                        stop.store(true, Ordering::Relaxed);
                     }
                 }
             },
@@ -235,7 +248,8 @@ pub fn generate(args: GenerateArgs) -> Result<()> {
         }
         samples.push((opts.seed, out));
     }
-    let comparison = if args.compare {
+    let interrupted = interrupted.load(Ordering::Relaxed);
+    let comparison = if args.compare && !interrupted {
         let c = bench::compare(
             &mut engine,
             &store,
@@ -270,6 +284,9 @@ pub fn generate(args: GenerateArgs) -> Result<()> {
         );
         writeln!(std::io::stdout(), "{}", serde_json::to_string_pretty(&doc)?)
             .map_err(stdout_error)?;
+    }
+    if interrupted {
+        bail!("interrupted: the generation stopped at Ctrl-C (finish reason `cancelled`)");
     }
     Ok(())
 }
