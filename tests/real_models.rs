@@ -748,6 +748,19 @@ fn user_defined_tokens_are_text_and_control_tokens_are_not() {
     assert!(t.is_eos(151645) && t.is_eos(151643) && !t.is_eos(151657));
 }
 
+/// What a stream of `ids` (no stop strings) releases token by token and at the end, and its
+/// whole text.
+fn streamed(t: &cascade::tokenizer::Tokenizer, ids: &[u32]) -> (String, String) {
+    let mut s = TextStream::new(t, &[]).unwrap();
+    let mut out = String::new();
+    for &id in ids {
+        s.push(id).unwrap();
+        out += s.take_final(false);
+    }
+    out += s.take_final(true);
+    (out, s.text().to_string())
+}
+
 /// A stream holds back only a few tokens: stray bytes (no character) come out as replacement
 /// characters before the generation ends, control tokens do not keep growing the decoded
 /// window, and the streamed text is the whole decode all the same.
@@ -787,27 +800,17 @@ fn a_stream_holds_back_at_most_a_few_tokens() {
         let mut ids = vec![control[0]; controls];
         ids.extend([lead, next]);
         ids.extend(t.encode_plain(" h").unwrap());
-        let mut s = TextStream::new(t, &[]).unwrap();
-        let mut streamed = String::new();
-        for &id in &ids {
-            s.push(id).unwrap();
-            streamed += s.take_final(false);
-        }
-        streamed += s.take_final(true);
-        assert_eq!(streamed, "é h", "after {controls} control tokens");
+        assert_eq!(
+            streamed(t, &ids).0,
+            "é h",
+            "after {controls} control tokens"
+        );
     }
     // A generation cut off in the middle of a character ends before it: half a character is
     // no text (its bytes stay in the tokens).
     let mut ids = t.encode_plain("naïve x").unwrap();
     ids.push(lead);
-    let mut s = TextStream::new(t, &[]).unwrap();
-    let mut streamed = String::new();
-    for &id in &ids {
-        s.push(id).unwrap();
-        streamed += s.take_final(false);
-    }
-    streamed += s.take_final(true);
-    assert_eq!((streamed.as_str(), s.text()), ("naïve x", "naïve x"));
+    assert_eq!(streamed(t, &ids), ("naïve x".into(), "naïve x".into()));
     // A stop string found by an early release of invalid bytes ends the text there, though
     // tokens after it were pending: here the stop string ends in a token that also begins a
     // character, control tokens follow, then a byte that cannot continue that character.
