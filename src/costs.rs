@@ -868,6 +868,37 @@ mod tests {
         assert_eq!(c.entries["c"].cost.decode_seconds, 0.005);
     }
 
+    /// The same under contention: four threads, each with the cache open as its own (the
+    /// lock is the file's, so threads contend for it as processes do), record at once; the
+    /// file ends with every entry.
+    #[test]
+    fn caches_recording_at_once_lose_no_entry() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("costs.json");
+        std::thread::scope(|s| {
+            for t in 0..4 {
+                let path = &path;
+                s.spawn(move || {
+                    let mut cache = CostCache::open(path).unwrap();
+                    for i in 0..10 {
+                        let key = format!("t{t}-{i}");
+                        cache
+                            .record(vec![(key, entry(1.0 + i as f64))], &[])
+                            .unwrap();
+                    }
+                });
+            }
+        });
+        let cache = CostCache::open(&path).unwrap();
+        let mut keys: Vec<&String> = cache.entries.keys().collect();
+        keys.sort();
+        let mut want: Vec<String> = (0..4)
+            .flat_map(|t| (0..10).map(move |i| format!("t{t}-{i}")))
+            .collect();
+        want.sort();
+        assert_eq!(keys, want.iter().collect::<Vec<_>>());
+    }
+
     #[test]
     fn the_cache_keeps_the_latest_entries() {
         let cost = ForwardCost {

@@ -53,7 +53,12 @@ fn no_draft_on_an_adaptive_config_measures_no_costs() {
     assert!(ok, "{err}");
     assert!(!out.is_empty());
     assert!(!costs.exists(), "costs measured: {err}");
-    assert!(!err.contains("measuring"), "{err}");
+    // The control: drafting, the same first run measures them, into that file.
+    let (ok, _, err) = cascade_env(&[&args[..3], &args[4..]].concat(), None, &env);
+    assert!(ok, "{err}");
+    let cache: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&costs).unwrap()).unwrap();
+    assert!(cache.to_string().contains("qwen2.5-coder-1.5b"), "{cache}");
 }
 
 /// The number of categories in the bench's default prompt suite.
@@ -1097,10 +1102,24 @@ fn plan_writes_an_adaptive_gates_measured_acceptance() {
             .iter()
             .map(|v| v.as_float().unwrap())
             .collect();
-        assert_eq!(values, m.priors().to_vec(), "{}", m.drafter);
         assert!(stdout.contains(&format!("| {} |", m.drafter)), "{stdout}");
+        let edges = cascade::gate::BUCKET_EDGES;
+        assert_eq!(values.len(), edges.len() + 1, "{}", m.drafter);
         for (b, v) in values.iter().enumerate() {
             let (n, a) = (m.reviewed[b] as f64, m.accepted[b] as f64);
+            // (kept + 2 x midpoint) / (reviewed + 2), to three decimals; positions without a
+            // confidence (the last bucket) start from 0.5.
+            let mid = match b {
+                0 => edges[0] as f64 / 2.0,
+                b if b < edges.len() => (edges[b - 1] as f64 + edges[b] as f64) / 2.0,
+                _ => 0.5,
+            };
+            let want = (a + 2.0 * mid) / (n + 2.0);
+            assert!(
+                (v - want).abs() <= 5e-4 + 1e-9,
+                "{}: bucket {b}: {v}, not {want}",
+                m.drafter
+            );
             if n >= 20.0 {
                 assert!(
                     (v - a / n).abs() < 0.1,
@@ -1412,8 +1431,8 @@ fn a_k_that_changes_nothing_is_named() {
     assert!(ok && !err.contains("warning"), "{err}");
 }
 
-/// A bench runs a config without its Max-Gram history: each run is measured on its own (the
-/// warm-up's answer is not copied into the timed run) and the file is left as it is.
+/// A bench runs a config without its Max-Gram history (so that no timed run copies an earlier
+/// run's answer, the warm-up's included): it says so, and does not write the file.
 #[test]
 fn a_bench_leaves_a_max_gram_history_alone() {
     let _s = serial();
@@ -1585,4 +1604,28 @@ fn an_interrupted_generation_reports_what_came_out_and_fails() {
     assert_eq!(sample["finish_reason"], "cancelled", "{sample}");
     let tokens = sample["tokens"].as_array().unwrap().len();
     assert!((1..4000).contains(&tokens), "{tokens}");
+}
+
+/// A server's output must be the target's: a config with lenience at the target, which
+/// `generate` runs with a warning once it opts in, is refused by `serve` before any model
+/// loads (the model file here is no model at all).
+#[test]
+fn serve_refuses_lenience_at_the_target() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("lenient.toml");
+    std::fs::write(dir.path().join("not-a-model.gguf"), "not a model").unwrap();
+    std::fs::write(
+        &config,
+        "[target]\nmodel = \"not-a-model.gguf\"\nlenience = 2.0\nallow_inexact = true\n",
+    )
+    .unwrap();
+    let (ok, _, err) = cascade(
+        &["serve", "-c", config.to_str().unwrap(), "--port", "0"],
+        None,
+    );
+    assert!(!ok);
+    assert_eq!(
+        err.trim(),
+        "cascade: a server's output must be exactly the target's: lenience must be 1 at the target"
+    );
 }

@@ -113,11 +113,11 @@ fn negative_or_nan_temperature() {
 
 #[test]
 fn top_p_outside_unit_interval() {
-    for p in ["0.0", "1.5", "-0.2"] {
+    for (p, shown) in [("0.0", "0"), ("1.5", "1.5"), ("-0.2", "-0.2")] {
         let e = config_error(&format!("{TARGET_ONLY}[sampling]\ntop_p = {p}\n"));
-        assert!(
-            e.starts_with("sampling: invalid sampling setting: top_p must be in (0, 1], got"),
-            "{e}"
+        assert_eq!(
+            e,
+            format!("sampling: invalid sampling setting: top_p must be in (0, 1], got {shown}")
         );
     }
 }
@@ -815,7 +815,15 @@ fn a_max_gram_history_out_of_range_damaged_or_foreign_is_refused() {
     bytes.truncate(bytes.len() - 1);
     std::fs::write(&path, &bytes).unwrap();
     let e = build(mag(DRAFT, &history)).unwrap_err().to_string();
-    assert!(e.contains("truncated or corrupt"), "{e}");
+    assert_eq!(
+        e,
+        format!(
+            "Max-Gram history {}: truncated or corrupt: {} bytes, the header implies {}",
+            path.display(),
+            bytes.len(),
+            bytes.len() + 1
+        )
+    );
 }
 
 /// A Max-Gram node placed twice in the tree (here, both parts of a schedule) shares its

@@ -55,17 +55,24 @@ fn k_token_forward_equals_k_one_token_forwards_bit_for_bit() {
     ] {
         let mut m = model.instance("target", None);
         let prompt = encode(PROMPTS[0]);
-        let next = encode(" if len(arr) <= 1: return arr");
         m.prefill(&prompt).unwrap();
-        let batch = m.forward(&next).unwrap();
-        m.truncate(prompt.len());
-        for (i, &t) in next.iter().enumerate() {
-            let one = m.forward(&[t]).unwrap();
-            assert!(
-                batch.row(i) == one.row(0),
-                "{name}: row {i} differs between the {}-token and the 1-token forward",
-                next.len()
-            );
+        // A verify's length, and one of more than two kernel row groups (16 rows each).
+        let long = " if len(arr) <= 1:\n        return arr\n    pivot = arr[len(arr) // 2]\n    \
+                    left = [x for x in arr if x < pivot]\n    right = [x for x in arr if x > pivot]";
+        let long = encode(long);
+        assert!(long.len() > 32, "{} tokens", long.len());
+        for next in [encode(" if len(arr) <= 1: return arr"), long] {
+            let batch = m.forward(&next).unwrap();
+            m.truncate(prompt.len());
+            for (i, &t) in next.iter().enumerate() {
+                let one = m.forward(&[t]).unwrap();
+                assert!(
+                    batch.row(i) == one.row(0),
+                    "{name}: row {i} differs between the {}-token and the 1-token forward",
+                    next.len()
+                );
+            }
+            m.truncate(prompt.len());
         }
     }
 }
@@ -384,18 +391,28 @@ fn stop_conditions_hold_inside_an_accepted_block() {
         );
         assert_eq!(out.tokens, full.tokens[..n]);
     }
-    // A stop string ends the text just before it, wherever it falls in a block.
-    let stop = full.text.lines().nth(1).unwrap().trim().to_string();
-    let out = run(
-        &mut spec,
-        PROMPTS[0],
-        &GenerateOptions {
-            stop: vec![stop.clone()],
+    // A stop string ends the text just before it, wherever it falls in a block; of several,
+    // the one that appears first in the text, whatever their order. The streamed text is the
+    // same (no piece of a stop string goes out before it is found), and the tokens keep the
+    // ones that spelled it.
+    let line = |n: usize| full.text.lines().nth(n).unwrap().trim().to_string();
+    for stop in [vec![line(1)], vec![line(2), line(1)]] {
+        let mut streamed = String::new();
+        let opts = GenerateOptions {
+            stop: stop.clone(),
             ..base.clone()
-        },
-    );
-    assert_eq!(format!("{:?}", out.finish_reason), "Stop");
-    assert_eq!(out.text, full.text[..full.text.find(&stop).unwrap()]);
+        };
+        let out = spec
+            .generate(&encode(PROMPTS[0]), &opts, &mut |piece| streamed += piece)
+            .unwrap();
+        assert_eq!(format!("{:?}", out.finish_reason), "Stop");
+        assert_eq!(out.text, full.text[..full.text.find(&line(1)).unwrap()]);
+        assert_eq!(streamed, out.text);
+        assert!(full.tokens.starts_with(&out.tokens));
+        let spelled = real(TARGET).tokenizer.decode(&out.tokens).unwrap();
+        assert!(spelled.contains(&line(1)), "{spelled:?}");
+        assert!(out.stats.accepted > 0, "no block was accepted");
+    }
 }
 
 #[test]
@@ -884,10 +901,8 @@ fn llama_3_pre_tokenizer_is_recognized_by_llama_cpp_name() {
     assert_ne!(llama3, gpt2, "the sample must tell the two splits apart");
 }
 
-/// The byte-level BPE tokenizers built from the GGUFs give the ids llama.cpp gives for the same
-/// files (`llama-tokenize --no-bos`, llama.cpp c392e50 of 2025-02-20): Qwen's split, and
-/// SmolLM2's (`smollm`: every digit apart, then GPT-2's split, with no space added before the
-/// text, which candle's fallback added); and decoding gives the text back.
+/// The text of one of Qwen's unused tokens is text, encoded as transformers encodes it, and
+/// decodes back; control tokens stay control tokens.
 #[test]
 fn an_unused_tokens_text_is_text() {
     // Qwen's GGUF marks ids 151665.. unused (type 5); candle would make each a special token
@@ -906,6 +921,10 @@ fn an_unused_tokens_text_is_text() {
     }
 }
 
+/// The byte-level BPE tokenizers built from the GGUFs give the ids llama.cpp gives for the same
+/// files (`llama-tokenize --no-bos`, llama.cpp c392e50 of 2025-02-20): Qwen's split, and
+/// SmolLM2's (`smollm`: every digit apart, then GPT-2's split, with no space added before the
+/// text, which candle's fallback added); and decoding gives the text back.
 #[test]
 fn byte_level_tokenizers_give_llama_cpp_ids_and_decode_back() {
     const TEXTS: [&str; 9] = [
@@ -959,7 +978,7 @@ fn byte_level_tokenizers_give_llama_cpp_ids_and_decode_back() {
             40495,
         ],
     ];
-    for (file, want) in [(SMOLLM2, smollm2), (DRAFT, qwen)] {
+    for (file, want) in [(SMOLLM2, smollm2), (DRAFT, qwen), (TARGET, qwen)] {
         let t = cascade::tokenizer::Tokenizer::from_file(&common::models_dir().join(file)).unwrap();
         for (text, want) in TEXTS.iter().zip(want) {
             let ids = t.encode_plain(text).unwrap();

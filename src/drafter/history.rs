@@ -524,6 +524,35 @@ mod tests {
         assert_eq!(b.copy(b.best_continuation(&[1, 2]).unwrap().at, 5), [3]);
     }
 
+    /// The same under contention: writers on four threads, each with the file open as its own
+    /// (the lock is the file's, so threads contend for it as processes do), record at once;
+    /// the file ends with every output, once.
+    #[test]
+    fn writers_recording_at_once_lose_no_output() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("h.hist");
+        std::thread::scope(|s| {
+            for t in 0..4u32 {
+                let path = &path;
+                s.spawn(move || {
+                    let mut h = History::open(path, 7, 100, 1000, 4).unwrap();
+                    for i in 0..20 {
+                        h.record(&[t + 1, i + 10, 7]).unwrap();
+                    }
+                });
+            }
+        });
+        let tokens = History::open(&path, 7, 100, 1000, 4).unwrap().tokens;
+        let mut outputs: Vec<&[u32]> = tokens.split(|&t| t == SEP).collect();
+        assert_eq!(outputs.pop(), Some(&[][..])); // after the last separator
+        outputs.sort();
+        let mut want: Vec<[u32; 3]> = (0..4)
+            .flat_map(|t| (0..20).map(move |i| [t + 1, i + 10, 7]))
+            .collect();
+        want.sort();
+        assert_eq!(outputs, want.iter().map(|o| &o[..]).collect::<Vec<_>>());
+    }
+
     #[test]
     fn survives_a_round_trip_and_refuses_damaged_or_foreign_files() {
         let dir = tempfile::tempdir().unwrap();
@@ -561,7 +590,14 @@ mod tests {
                  `history` elsewhere"
             )
         );
-        assert!(error(&good[..good.len() - 3], 7).contains("truncated or corrupt"));
+        assert_eq!(
+            error(&good[..good.len() - 3], 7),
+            format!(
+                "Max-Gram history {name}: truncated or corrupt: {} bytes, the header implies {}",
+                good.len() - 3,
+                good.len()
+            )
+        );
         for at in [13, 30] {
             // A bit flipped in the tokenizer's fingerprint, or in a token.
             let mut flipped = good.clone();
