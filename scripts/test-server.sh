@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Checks `cascade serve` with the official `openai` Python client, installed from PyPI into a
 # throwaway virtual environment: greedy text equal to `cascade generate`'s (streamed and
-# whole), 4 concurrent clients, 429 on a full queue (clients that left holding no place), 400 on
+# whole), `n` samples equal to its `--num-samples`, 4 concurrent clients, 429 on a full queue
+# (with Retry-After) (clients that left holding no place), 400 on
 # malformed requests, a client that disconnects mid-stream or while queued, JSON errors for unknown endpoints, wrong methods
 # and oversized bodies, 415 for a body not declared JSON, 403 for another host name, a prediction that speeds up an edit, CORS headers for the origins
 # `--cors` allows and no other, exit 0 on SIGTERM, and a stream cut off by the end of its grace
@@ -21,9 +22,12 @@ python3 -m venv "$venv"
 cargo build --release --quiet
 # The reference texts, from the CLI with the same prompts and settings.
 reference() { "$CASCADE" generate -c "$CONFIG" --chat -p "$1" -n "$2" -t 0 --json 2>/dev/null; }
-export REF_HI REF_PRIME
+export REF_HI REF_PRIME REF_SAMPLES
 REF_HI=$(reference "Write a haiku about speculative decoding." 48)
 REF_PRIME=$(reference "Write a Python function is_prime(n) with a docstring." 96)
+# Three samples at seeds 5, 6 and 7 from plain decoding (no drafter: the seed fixes the text).
+REF_SAMPLES=$("$CASCADE" generate -c configs/autoregressive.toml --chat \
+    -p "Write a haiku about speculative decoding." -n 24 -t 0.8 -s 5 --num-samples 3 --json 2>/dev/null)
 
 # start PORT CONFIG [ARGS...]: a server in the background, waited for until it answers.
 start() {

@@ -58,6 +58,8 @@ def burst():
     except openai.RateLimitError as e:
         codes.append(429)
         check("429 body names the reason", "queue is full" in str(e.body), str(e.body))
+        check("429 says when to retry", e.response.headers.get("retry-after") == "1",
+              str(dict(e.response.headers)))
 threads = [threading.Thread(target=burst) for _ in range(8)]
 [t.start() for t in threads]
 [t.join() for t in threads]
@@ -212,3 +214,13 @@ check(f"a prediction gives >= 2x tokens per target call ({per_call(plain):.2f} -
 with_drafter = chat(PRIME, 96, prediction=edit)
 check(f"behind the config's drafter too, the text is unchanged ({per_call(with_drafter):.2f} tokens per call)",
       with_drafter.choices[0].message.content == REF_PRIME)
+
+# `n` samples take seeds seed..seed+n-1, as `cascade generate --num-samples` does: without a
+# drafter the seed fixes each text, so they are the CLI's, in order.
+samples = [s["text"] for s in json.loads(os.environ["REF_SAMPLES"])["samples"]]
+several = plain_client.chat.completions.create(
+    model="any", messages=[{"role": "user", "content": HI}], max_tokens=24, temperature=0.8,
+    seed=5, n=3)
+got = [c.message.content for c in sorted(several.choices, key=lambda c: c.index)]
+check("n samples are the CLI's samples at seeds seed..seed+n-1", got == samples, repr((got, samples)))
+check("n samples differ from one another", len(set(got)) > 1, repr(got))
