@@ -94,13 +94,40 @@ fn generate_json_carries_ids_text_and_counters_for_each_sample() {
     let doc: serde_json::Value = serde_json::from_str(&out).unwrap();
     let samples = doc["samples"].as_array().unwrap();
     assert_eq!(samples.len(), 2);
+    let tokenizer =
+        cascade::tokenizer::Tokenizer::from_file(&common::models_dir().join(common::TARGET))
+            .unwrap();
+    let numbers = |v: &serde_json::Value| -> Vec<usize> {
+        let v = v.as_array().unwrap();
+        v.iter().map(|x| x.as_u64().unwrap() as usize).collect()
+    };
     for (i, s) in samples.iter().enumerate() {
         assert_eq!(s["seed"], i as u64);
+        let tokens: Vec<u32> = numbers(&s["tokens"]).iter().map(|&t| t as u32).collect();
         assert_eq!(
-            s["tokens"].as_array().unwrap().len(),
+            tokens.len(),
             s["stats"]["generated_tokens"].as_u64().unwrap() as usize
         );
-        assert!(s["text"].as_str().is_some());
+        // The text is the tokens' (no stop string here), and the counters add up: every
+        // round emits its kept tokens and one more.
+        assert_eq!(s["text"], tokenizer.decode(&tokens).unwrap());
+        let st = &s["stats"];
+        let count = |k: &str| st[k].as_u64().unwrap() as usize;
+        assert_eq!(
+            numbers(&st["drafted_at"]).iter().sum::<usize>(),
+            count("drafted")
+        );
+        assert_eq!(
+            numbers(&st["accepted_at"]).iter().sum::<usize>(),
+            count("accepted")
+        );
+        assert!(count("accepted") <= count("drafted"), "{st}");
+        let eos = (s["finish_reason"] == "eos") as usize; // its token is not in `tokens`
+        assert_eq!(
+            count("accepted") + count("target_calls"),
+            tokens.len() + eos,
+            "{st}"
+        );
         for key in [
             "target_calls",
             "drafted",

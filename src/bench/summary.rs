@@ -19,7 +19,7 @@ pub struct Summary {
     pub category: String,
     /// Runs aggregated.
     pub runs: usize,
-    /// Mean decode speed.
+    /// Decode speed over the runs together: their tokens over their seconds.
     pub decode_tokens_per_second: f64,
     /// Mean speedup over autoregressive decoding of the same prompts (of the runs where both
     /// generated tokens).
@@ -29,7 +29,7 @@ pub struct Summary {
     /// Mean end-to-end speedup (prefill and decode) over autoregressive decoding.
     #[serde(default)]
     pub end_to_end_mean: f64,
-    /// Mean tokens per target call, bonus included (1 for autoregressive).
+    /// Tokens per target call over the runs together, bonus included (1 for autoregressive).
     pub tokens_per_call: f64,
     /// Mean draft length per target call.
     pub mean_draft_len: f64,
@@ -197,4 +197,100 @@ fn merge_buckets<'a>(runs: impl Iterator<Item = &'a Vec<SourceBuckets>>) -> Vec<
         });
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A run of config `spec` in `category` whose target reviews were `rounds` (drafted,
+    /// accepted) and whose draft model `d` ran `draft_calls` forwards.
+    fn run(
+        category: &str,
+        (generated, decode_seconds, speedup): (usize, f64, f64),
+        rounds: &[(usize, usize)],
+        draft_calls: usize,
+        (predicted, matches): (Option<f64>, Option<bool>),
+    ) -> RunRecord {
+        let mut target = ReviewCounts::default();
+        rounds.iter().for_each(|&(d, a)| target.record(d, a));
+        RunRecord {
+            config: "spec".into(),
+            category: category.into(),
+            prompt: 0,
+            repeat: 0,
+            prompt_tokens: 10,
+            generated_tokens: generated,
+            prefill_seconds: 0.1,
+            decode_seconds,
+            decode_tokens_per_second: generated as f64 / decode_seconds,
+            speedup,
+            end_to_end: speedup,
+            target_calls: rounds.len().max(1),
+            drafted: rounds.iter().map(|r| r.0).sum(),
+            accepted: rounds.iter().map(|r| r.1).sum(),
+            target,
+            predicted_speedup: predicted,
+            acceptance_by_confidence: Vec::new(),
+            levels: Vec::new(),
+            model_calls: [("d".to_string(), draft_calls)].into(),
+            matches_autoregressive: matches,
+        }
+    }
+
+    /// Every figure of a summary, worked out by hand for three runs: pooled speed and tokens
+    /// per call, the mean and sample deviation of the speedups with a run that generated
+    /// nothing left out, acceptance per position, SWI and the Theorem 4.1 predictions.
+    #[test]
+    fn a_summary_adds_up_as_worked_out_by_hand() {
+        let records = [
+            run(
+                "a",
+                (4, 1.0, 2.0),
+                &[(2, 2), (2, 0)],
+                4,
+                (Some(1.2), Some(true)),
+            ),
+            run("a", (2, 1.0, 1.0), &[(2, 1)], 2, (Some(1.4), Some(false))),
+            run("b", (0, 0.5, 0.0), &[], 0, (None, Some(true))),
+        ];
+        let draft = ModelCost {
+            model: "d".into(),
+            params: 1,
+            decode_ms: 1.0,
+            forward_cost: Vec::new(),
+            c_measured: 0.25,
+            c_params: 0.5,
+            cpu_share: None,
+        };
+        let verify = [(1, 1.0), (3, 1.5)];
+        let summaries = summarize(&records, &[draft], &verify, &|_| 2);
+        let get = |c: &str| summaries.iter().find(|s| s.category == c).unwrap();
+        let close = |a: f64, b: f64| (a - b).abs() < 1e-9;
+        let all = get("all");
+        assert_eq!((all.runs, all.greedy_mismatches), (3, 1));
+        // 6 tokens in 2.5 s, over 4 target calls (the empty run's one included).
+        assert!(close(all.decode_tokens_per_second, 2.4));
+        assert!(close(all.tokens_per_call, 1.5));
+        // Speedups 2 and 1 (the run of no tokens has none): mean 1.5, sd sqrt(0.5).
+        assert!(close(all.speedup_mean, 1.5) && close(all.speedup_sd, 0.5f64.sqrt()));
+        // Position 1 kept in 2 of 3 reviews, position 2 in 1 of the 2 that reached it.
+        assert_eq!(all.acceptance_by_position, [2.0 / 3.0, 0.5]);
+        assert!(close(all.mean_draft_len, 2.0));
+        // SWI: 6 tokens over 4 target calls and 6 draft calls at c = 0.25 (0.5 by size).
+        assert!(close(all.swi_measured, 6.0 / 5.5) && close(all.swi_params, 6.0 / 7.0));
+        // E = 1 + 2/3 + 2/3 x 1/2 = 2 tokens a call, at 1 + 6 x 0.25 / 4 calls' cost, or with
+        // a verify of 3 tokens at r(3) = 1.5.
+        assert!(close(all.predicted_paper, 2.0 / 1.375));
+        assert!(close(all.predicted_cpu, 2.0 / 1.875));
+        assert!(close(all.predicted_runtime.unwrap(), 1.3));
+        let a = get("a");
+        assert_eq!(a.runs, 2);
+        assert!(close(a.decode_tokens_per_second, 3.0) && close(a.tokens_per_call, 2.0));
+        let b = get("b");
+        assert_eq!(
+            (b.runs, b.speedup_mean, b.predicted_runtime),
+            (1, 0.0, None)
+        );
+    }
 }
