@@ -1656,3 +1656,31 @@ fn serve_refuses_lenience_at_the_target() {
         "cascade: a server's output must be exactly the target's: lenience must be 1 at the target"
     );
 }
+
+/// A prompt's final line break (`echo`'s, a file's) stays in a raw prompt, where it is text,
+/// and is dropped from a chat message.
+#[test]
+fn a_final_line_break_stays_in_a_raw_prompt_only() {
+    let _s = serial();
+    let prompt_tokens = |chat: &str, stdin: Option<&str>| -> Vec<u32> {
+        let mut args = vec!["generate", "-c", "configs/autoregressive.toml", chat];
+        args.extend(["-n", "1", "--json"]);
+        if stdin.is_none() {
+            args.extend(["-p", "def f():"]);
+        }
+        let (ok, out, err) = cascade(&args, stdin);
+        assert!(ok, "{err}");
+        let doc: serde_json::Value = serde_json::from_str(&out).unwrap();
+        let ids = doc["prompt_tokens"].as_array().unwrap();
+        ids.iter().map(|t| t.as_u64().unwrap() as u32).collect()
+    };
+    let tokenizer =
+        cascade::tokenizer::Tokenizer::from_file(&common::models_dir().join(common::TARGET))
+            .unwrap();
+    let raw = prompt_tokens("--no-chat", Some("def f():\n"));
+    assert_eq!(tokenizer.decode(&raw).unwrap(), "def f():\n");
+    assert_eq!(
+        prompt_tokens("--chat", Some("def f():\n")),
+        prompt_tokens("--chat", None)
+    );
+}

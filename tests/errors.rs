@@ -298,6 +298,53 @@ fn a_file_that_is_not_gguf_or_repeats_a_key_is_named() {
     );
 }
 
+/// A tensor named twice, and one whose data does not start on the file's alignment, are named
+/// as such (SmolLM2's tensor infos, edited in place).
+#[test]
+fn a_repeated_or_misaligned_tensor_is_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = std::fs::read(models_dir().join(SMOLLM2)).unwrap();
+    let find = |bytes: &[u8], name: &[u8]| bytes.windows(name.len()).position(|w| w == name);
+    let load_error = |bytes: &[u8], file: &str| {
+        let path = dir.path().join(file);
+        std::fs::write(&path, bytes).unwrap();
+        let e = LoadedModel::load(&path, None, &mut |_, _| {})
+            .err()
+            .unwrap();
+        (path, e.to_string())
+    };
+    let (q, k) = (b"blk.0.attn_q.weight", b"blk.0.attn_k.weight");
+    let mut twice = src.clone();
+    let at = find(&twice, q).unwrap();
+    twice[at..at + q.len()].copy_from_slice(k);
+    let (path, e) = load_error(&twice, "twice.gguf");
+    assert_eq!(
+        e,
+        format!(
+            "cannot read GGUF file {}: tensor `blk.0.attn_k.weight` appears twice",
+            path.display()
+        )
+    );
+    // After the name: its dimension count (u32), the dimensions (u64 each), the type (u32),
+    // then the offset (u64) into the data.
+    let v = b"blk.0.attn_v.weight";
+    let mut shifted = src.clone();
+    let mut at = find(&shifted, v).unwrap() + v.len();
+    let dims = u32::from_le_bytes(shifted[at..at + 4].try_into().unwrap()) as usize;
+    at += 4 + 8 * dims + 4;
+    let offset = u64::from_le_bytes(shifted[at..at + 8].try_into().unwrap()) + 1;
+    shifted[at..at + 8].copy_from_slice(&offset.to_le_bytes());
+    let (path, e) = load_error(&shifted, "misaligned.gguf");
+    assert_eq!(
+        e,
+        format!(
+            "cannot read GGUF file {}: tensor `blk.0.attn_v.weight`: offset {offset} is not a \
+             multiple of the alignment 32",
+            path.display()
+        )
+    );
+}
+
 /// A SentencePiece vocabulary is read for Gemma models only: elsewhere (a Llama 2 GGUF, say)
 /// the model's tokenizer.json is asked for.
 #[test]
