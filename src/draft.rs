@@ -441,6 +441,19 @@ pub(crate) fn propose_ending(
     .expect("the drafter failed")
 }
 
+/// Refuses a draft length `k` above [`MAX_DRAFT`](crate::config::MAX_DRAFT), as a config
+/// does, for callers that set it in code (a draft's logits take a row of the vocabulary each).
+pub(crate) fn check_draft_length(k: usize) -> Result<()> {
+    let most = crate::config::MAX_DRAFT;
+    match k <= most {
+        true => Ok(()),
+        false => Err(Error::config(
+            "k",
+            format!("must be at most {most} (tokens drafted per target call), got {k}"),
+        )),
+    }
+}
+
 /// One draft of up to `k` tokens (at most [`MAX_DRAFT`](crate::config::MAX_DRAFT), as in a
 /// config) from `drafter` with a fixed-length gate, held to the contract for a reviewer of
 /// `vocab` tokens: for a library user trying a drafter on its own. Returns the drafter's errors
@@ -455,13 +468,7 @@ pub fn try_propose(
     sampling: &Sampling,
     rng: &mut Rng,
 ) -> Result<Draft> {
-    let most = crate::config::MAX_DRAFT;
-    if k > most {
-        return Err(Error::config(
-            "k",
-            format!("must be at most {most} (tokens drafted per call), got {k}"),
-        ));
-    }
+    check_draft_length(k)?;
     propose_within(drafter, context, (k, vocab), sampling, rng, Arc::new([]))
 }
 

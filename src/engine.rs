@@ -289,16 +289,7 @@ impl Engine {
     ) -> Result<Generation> {
         opts.sampling.validate()?;
         crate::review::check_lenience("lenience", opts.lenience)?;
-        if opts.k > crate::config::MAX_DRAFT {
-            return Err(Error::config(
-                "k",
-                format!(
-                    "must be at most {} (tokens drafted per target call), got {}",
-                    crate::config::MAX_DRAFT,
-                    opts.k
-                ),
-            ));
-        }
+        crate::draft::check_draft_length(opts.k)?;
         if prompt.is_empty() {
             return Err(Error::EmptyPrompt);
         }

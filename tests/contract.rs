@@ -243,7 +243,7 @@ fn a_draft_longer_than_a_config_allows_is_refused_before_the_drafter_is_asked() 
         );
         assert_eq!(
             e.unwrap_err().to_string(),
-            format!("k: must be at most 64 (tokens drafted per call), got {k}")
+            format!("k: must be at most 64 (tokens drafted per target call), got {k}")
         );
     }
     assert!(try_propose(

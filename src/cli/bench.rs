@@ -10,7 +10,6 @@ use cascade::model::ModelStore;
 use cascade::sampling::Sampling;
 use clap::Args;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 #[derive(Args)]
@@ -143,15 +142,10 @@ pub fn bench_command(args: BenchArgs) -> Result<Report> {
     };
     // The report's folder is checked now, not after the hour the suite may take.
     report_folder(&args.out)?;
-    let stop = Arc::new(AtomicBool::new(false));
-    let flag = stop.clone();
-    ctrlc::set_handler(move || {
-        if flag.swap(true, Ordering::Relaxed) {
-            eprintln!("\ncascade: interrupted twice: exiting now, no report written");
-            std::process::exit(130);
-        }
-        eprintln!("\ncascade: interrupted, finishing the current run and writing the report");
-    })?;
+    let stop = super::on_interrupt(
+        "finishing the current run and writing the report",
+        "exiting now, no report written",
+    )?;
     let mut store = ModelStore::default();
     let started = bench::utc_now();
     eprintln!("loading {} configs, then running the suite", configs.len());

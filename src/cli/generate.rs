@@ -12,8 +12,7 @@ use serde::Serialize;
 use std::cell::RefCell;
 use std::io::{IsTerminal, Read, Write};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::Ordering;
 
 #[derive(Args)]
 pub struct GenerateArgs {
@@ -55,7 +54,7 @@ pub struct GenerateArgs {
     #[arg(long, allow_hyphen_values = true)]
     system: Option<String>,
     /// Stop when this text appears (repeatable; replaces the config's stop strings); the
-    /// output ends before it.
+    /// output ends before it. It may begin with a hyphen (`--stop ---`).
     #[arg(long, allow_hyphen_values = true)]
     stop: Vec<String>,
     /// Keep generating past end-of-sequence tokens (for long-run measurements).
@@ -185,25 +184,20 @@ pub fn generate(args: GenerateArgs) -> Result<()> {
     )?;
     let prompt = engine.tokenizer.encode(&text)?;
     let mut samples: Vec<(u64, Generation)> = Vec::new();
-    // A failed write to standard output (a full disk) ends the generation, and so does
-    // Ctrl-C, after which what came out is reported as usual (a second one exits at once).
-    let stop = Arc::new(AtomicBool::new(false));
-    let interrupted = Arc::new(AtomicBool::new(false));
-    let (flag, pressed) = (stop.clone(), interrupted.clone());
-    ctrlc::set_handler(move || {
-        if pressed.swap(true, Ordering::Relaxed) {
-            eprintln!("\ncascade: interrupted twice: exiting now");
-            std::process::exit(130);
-        }
-        flag.store(true, Ordering::Relaxed);
-    })?;
+    // Ctrl-C ends the generation, after which what came out is reported as usual; so does a
+    // failed write to standard output (a full disk), which then fails the command. Either
+    // sets the engine's cancel flag.
+    let cancel = super::on_interrupt(
+        "stopping; what came out is reported (Ctrl-C again exits at once)",
+        "exiting now",
+    )?;
     for i in 0..args.num_samples as u64 {
-        if interrupted.load(Ordering::Relaxed) {
+        if cancel.load(Ordering::Relaxed) {
             break;
         }
         let mut opts = plan.options.clone();
         opts.seed = opts.seed.wrapping_add(i);
-        opts.cancel = Some(stop.clone());
+        opts.cancel = Some(cancel.clone());
         if args.compare {
             // Compared with decoding that reads the prompt whole: so does every sample.
             engine.forget();
@@ -229,7 +223,7 @@ pub fn generate(args: GenerateArgs) -> Result<()> {
                         .and_then(|()| stdout.flush())
                     {
                         write_error = Some(e);
-                        stop.store(true, Ordering::Relaxed);
+                        cancel.store(true, Ordering::Relaxed);
                     }
                 }
             },
@@ -248,8 +242,8 @@ pub fn generate(args: GenerateArgs) -> Result<()> {
         }
         samples.push((opts.seed, out));
     }
-    let interrupted = interrupted.load(Ordering::Relaxed);
-    let comparison = if args.compare && !interrupted {
+    // A Ctrl-C while comparing (which cannot be cancelled) is reported after it.
+    let comparison = if args.compare && !cancel.load(Ordering::Relaxed) {
         let c = bench::compare(
             &mut engine,
             &store,
@@ -285,8 +279,8 @@ pub fn generate(args: GenerateArgs) -> Result<()> {
         writeln!(std::io::stdout(), "{}", serde_json::to_string_pretty(&doc)?)
             .map_err(stdout_error)?;
     }
-    if interrupted {
-        bail!("interrupted: the generation stopped at Ctrl-C (finish reason `cancelled`)");
+    if cancel.load(Ordering::Relaxed) {
+        bail!("interrupted by Ctrl-C: the output above is what came out before it");
     }
     Ok(())
 }

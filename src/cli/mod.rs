@@ -12,6 +12,8 @@ use cascade::model::ModelStore;
 use indicatif::{ProgressBar, ProgressStyle};
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
 /// Validates the config at `path` (relative paths from its folder); an error names the file,
 /// since bench and calibrate take several.
@@ -63,6 +65,22 @@ impl Drop for PipeSignalIgnored {
             libc::signal(libc::SIGPIPE, self.0);
         }
     }
+}
+
+/// Ctrl-C asks the command to stop and finish what it can: the first press sets the returned
+/// flag, after `first` on standard error (what happens now); a second press exits at once,
+/// with status 130, after `second`.
+pub fn on_interrupt(first: &'static str, second: &'static str) -> Result<Arc<AtomicBool>> {
+    let pressed = Arc::new(AtomicBool::new(false));
+    let flag = pressed.clone();
+    ctrlc::set_handler(move || {
+        if flag.swap(true, Ordering::Relaxed) {
+            eprintln!("\ncascade: interrupted twice: {second}");
+            std::process::exit(130);
+        }
+        eprintln!("\ncascade: interrupted: {first}");
+    })?;
+    Ok(pressed)
 }
 
 /// A config's label: its file name without `.toml`.

@@ -138,6 +138,13 @@ impl SyncedModel {
         if context.is_empty() {
             return Err(Error::EmptyPrompt);
         }
+        // A plug-in model's mistake, caught before any work.
+        if self.model.vocab_size() == 0 {
+            return Err(Error::Compute(format!(
+                "`{}` reports a vocabulary of 0 tokens",
+                self.model.name()
+            )));
+        }
         let keep = common_prefix(&self.fed, context, self.stable).min(context.len() - 1);
         let from = if context.len() - keep <= CATCH_UP_IN_PASS {
             self.model.truncate(keep);
@@ -152,13 +159,6 @@ impl SyncedModel {
         feed.extend_from_slice(draft);
         let logits = self.model.forward(&self.readable(&feed))?;
         let vocab = self.model.vocab_size();
-        if vocab == 0 {
-            self.model.truncate(from);
-            return Err(Error::Compute(format!(
-                "`{}` reports a vocabulary of 0 tokens",
-                self.model.name()
-            )));
-        }
         if logits.vocab() != vocab || logits.values().len() != feed.len() * vocab {
             // A plug-in model's mistake: an error here, not an index out of bounds later.
             self.model.truncate(from);
