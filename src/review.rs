@@ -50,6 +50,10 @@ pub struct Verdict {
 /// position `i` of the draft and row `draft.len()` the position after it. With `emitted`, also
 /// pushes the distribution each emitted token (the accepted ones, then `next`) was effectively
 /// drawn from: what a cascade reports to the level above it (see [`emitted_distribution`]).
+///
+/// # Panics
+/// If `q` has not one distribution per draft token, or `logits` fewer than `draft.len() + 1`
+/// rows (the reviewer checks both before it calls a rule).
 pub fn review(
     draft: &[u32],
     q: &[Dist],
@@ -59,8 +63,11 @@ pub fn review(
     rng: &mut Rng,
     mut emitted: Option<&mut Vec<Dist>>,
 ) -> Verdict {
-    debug_assert_eq!(draft.len(), q.len());
-    debug_assert!(logits.rows() > draft.len());
+    assert_eq!(draft.len(), q.len(), "one distribution per draft token");
+    assert!(
+        logits.rows() > draft.len(),
+        "a row of logits per draft token and one after them"
+    );
     for (i, (&x, qi)) in draft.iter().zip(q).enumerate() {
         let row = logits.row(i);
         if sampling.is_greedy() {
@@ -234,6 +241,9 @@ pub struct ReviewCounts {
 
 impl ReviewCounts {
     /// Counts one review of a `drafted`-token draft that accepted `accepted` tokens.
+    ///
+    /// # Panics
+    /// If `accepted` exceeds `drafted`.
     pub fn record(&mut self, drafted: usize, accepted: usize) {
         let reviewed = drafted.min(accepted + 1);
         self.reviews += 1;

@@ -272,6 +272,12 @@ impl Dist {
     }
 
     /// Draws one token.
+    ///
+    /// # Panics
+    /// On an empty sparse distribution (no token to draw; [`Request::check`] refuses one from a
+    /// drafter).
+    ///
+    /// [`Request::check`]: crate::draft::Request::check
     pub fn sample(&self, rng: &mut impl rand::Rng) -> u32 {
         match self {
             Dist::Point(t) => *t,
@@ -299,6 +305,9 @@ impl Dist {
     }
 
     /// Dense probabilities over `vocab` tokens.
+    ///
+    /// # Panics
+    /// If a point mass or a sparse entry names an id of `vocab` or more.
     pub fn to_dense(&self, vocab: usize) -> Vec<f32> {
         match self {
             Dist::Point(t) => {
